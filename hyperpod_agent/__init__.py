@@ -1,0 +1,3 @@
+"""hyperpod-agent: HyperPod-grade resilience for any Slurm GPU cluster."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from hyperpod_agent.cli import main
+
+main()

@@ -1,0 +1,71 @@
+"""The ``hyperpod`` command: one click group, subcommands loaded on demand.
+
+Subcommands live next to the code they drive; they are imported only when used, so
+``hyperpod health-check`` (run by slurmd) never pays for the controller's imports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+import click
+
+from hyperpod_agent import __version__
+from hyperpod_agent.errors import HyperpodError
+
+# name -> "module:attribute" of a click command or group
+COMMANDS: dict[str, str] = {
+    "local-cluster": "hyperpod_agent.localcluster.cli:local_cluster",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(COMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in COMMANDS:
+            module, _, attr = COMMANDS[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module), attr)
+            assert isinstance(command, click.Command)
+            return command
+        return super().get_command(ctx, cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hyperpod")
+def cli() -> None:
+    """HyperPod-grade resilience for Slurm GPU clusters."""
+
+
+def _run(args: list[str] | None, **extra: Any) -> None:
+    try:
+        cli.main(args=args, prog_name="hyperpod", standalone_mode=False, **extra)
+    except click.exceptions.Abort:
+        click.echo("Aborted.", err=True)
+        sys.exit(1)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except HyperpodError as exc:
+        click.echo(f"hyperpod: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+def main() -> None:
+    """Entry point of ``hyperpod``."""
+    _run(None)
+
+
+def agent_main() -> None:
+    """Entry point of ``hyperpod-agent`` (= ``hyperpod agent run``)."""
+    _run(["agent", "run", *sys.argv[1:]])
+
+
+def controller_main() -> None:
+    """Entry point of ``hyperpod-controller`` (= ``hyperpod controller run``)."""
+    _run(["controller", "run", *sys.argv[1:]])

@@ -1,0 +1,105 @@
+"""The shared vocabulary: probe status, actions, faults and node verdicts.
+
+Every component (probes, agent, controller, CLI) speaks these words; nothing else
+defines them.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Status(str, enum.Enum):
+    """Outcome of one probe run. UNKNOWN means the checking machinery failed,
+    never that the node is sick: it must not lead to a drain."""
+
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+    UNKNOWN = "UNKNOWN"
+
+
+class Action(str, enum.Enum):
+    """What a fault asks for, mildest first (see ``ACTION_ORDER``)."""
+
+    NONE = "NONE"
+    MONITOR = "MONITOR"
+    RESET = "RESET"
+    REBOOT = "REBOOT"
+    REPLACE = "REPLACE"
+
+    @property
+    def rank(self) -> int:
+        return ACTION_ORDER.index(self)
+
+    def escalate(self) -> Action:
+        """The next stronger remediation (RESET -> REBOOT -> REPLACE)."""
+        if self in (Action.NONE, Action.MONITOR):
+            return self
+        return ACTION_ORDER[min(self.rank + 1, len(ACTION_ORDER) - 1)]
+
+
+ACTION_ORDER: list[Action] = [
+    Action.NONE,
+    Action.MONITOR,
+    Action.RESET,
+    Action.REBOOT,
+    Action.REPLACE,
+]
+
+
+def strongest(actions: list[Action]) -> Action:
+    """The strongest action of a list (NONE for an empty one)."""
+    return max(actions, key=lambda a: a.rank, default=Action.NONE)
+
+
+class Verdict(str, enum.Enum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    FAULTY = "faulty"
+
+
+class Finding(BaseModel):
+    """One thing a probe found wrong with one component."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    component: str = Field(min_length=1, max_length=64, description="gpu3, ib0, /scratch, slurmd")
+    code: str = Field(min_length=1, max_length=64, description="xid79, link_down, fs_readonly")
+    status: Status
+    action: Action = Action.NONE
+    urgent: bool = False
+    message: str = Field(default="", max_length=512)
+
+
+class ProbeResult(BaseModel):
+    """What one probe reported in one run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    probe: str = Field(min_length=1, max_length=32)
+    status: Status
+    message: str = Field(default="", max_length=1024)
+    findings: list[Finding] = Field(default_factory=list)
+    duration_s: float = 0.0
+    at: datetime
+
+
+class Fault(BaseModel):
+    """A finding the controller tracks on a node over time."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str
+    component: str
+    code: str
+    severity: Status
+    action: Action
+    urgent: bool = False
+    first_seen: datetime
+    last_seen: datetime
+    count: int = 1
+    message: str = ""

@@ -1,0 +1,1 @@
+"""Slurm adapter: the only code that runs Slurm commands."""

@@ -1,0 +1,44 @@
+"""Shared fixtures.
+
+``local_cluster`` starts a real Slurm cluster (munged, slurmctld, 4 slurmd + 1 spare)
+under /var/tmp/hyperpod-test once per test session and always stops it. Set
+HYPERPOD_TEST_CLUSTER_DIR to a directory where ``hyperpod local-cluster up`` already
+runs a cluster to reuse it (it is then left running).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+TEST_CLUSTER_DIR = Path("/var/tmp/hyperpod-test")
+TEST_PORT_BASE = 17817
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Integration tests need root (namespaces, daemons as root); say so instead of failing.
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root")
+    for item in items:
+        if "slurm" in item.keywords or "root" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[object]:
+    from hyperpod_agent.localcluster.cluster import LocalCluster
+
+    reuse = os.environ.get("HYPERPOD_TEST_CLUSTER_DIR")
+    if reuse:
+        yield LocalCluster.load(Path(reuse))
+        return
+    cluster = LocalCluster(TEST_CLUSTER_DIR, nodes=4, spares=1, port_base=TEST_PORT_BASE)
+    try:
+        cluster.up(timeout=60)
+        yield cluster
+    finally:
+        cluster.down()
