@@ -103,3 +103,27 @@ class Fault(BaseModel):
     last_seen: datetime
     count: int = 1
     message: str = ""
+
+
+class NodeReport(BaseModel):
+    """What an agent tells the controller, and what it caches for health-check.
+
+    ``seq`` grows by one per report from an agent process; ``agent_id`` changes when
+    the agent restarts, so (agent_id, seq) orders reports and exposes replays.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    agent_id: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0)
+    generated_at: datetime
+    verdict: Verdict
+    action: Action = Action.NONE
+    urgent: bool = False
+    message: str = Field(default="", max_length=1024)
+    results: list[ProbeResult] = Field(default_factory=list, max_length=64)
+    jobs_opted_in: dict[int, int] = Field(
+        default_factory=dict,
+        description="job id -> --auto-resume cap seen on this node (srun markers)",
+    )
