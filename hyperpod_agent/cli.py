@@ -18,6 +18,7 @@ from hyperpod_agent.errors import HyperpodError
 # name -> "module:attribute" of a click command or group
 COMMANDS: dict[str, str] = {
     "local-cluster": "hyperpod_agent.localcluster.cli:local_cluster",
+    "demo": "hyperpod_agent.demo:demo",
 }
 
 
@@ -46,8 +47,13 @@ def _run(args: list[str] | None, **extra: Any) -> None:
     except click.exceptions.Abort:
         click.echo("Aborted.", err=True)
         sys.exit(1)
+    except click.UsageError as exc:
+        # One line, like every other error of ours; --help has the long form.
+        where = exc.ctx.command_path if exc.ctx else "hyperpod"
+        click.echo(f"{where}: error: {exc.format_message()} (see --help)", err=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
-        exc.show()
+        click.echo(f"hyperpod: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except HyperpodError as exc:
         click.echo(f"hyperpod: error: {exc}", err=True)

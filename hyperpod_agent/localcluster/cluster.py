@@ -1,0 +1,439 @@
+"""A real multi-node Slurm cluster on one machine.
+
+One munged (own key and socket), one slurmctld and one slurmd per node, each slurmd
+in its own UTS namespace whose hostname is the node name, all on 127.0.0.1 with a
+port per node. Everything lives under one directory; the machine's /etc/slurm and
+/etc/munge are never read or written. See docs/local-cluster.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from hyperpod_agent.errors import LocalClusterError
+from hyperpod_agent.localcluster import procs, render
+from hyperpod_agent.localcluster.render import Shape
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIR = Path("/var/tmp/hyperpod-local")
+DEFAULT_PORT_BASE = 16817
+SBIN = Path("/usr/sbin")
+SPANK_SOURCE = Path(__file__).resolve().parents[2] / "spank_plugin"
+
+
+def _log_tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return " | ".join(text[-lines:]) if text else f"({path} is empty)"
+
+
+class LocalCluster:
+    """Start, inspect and stop the local cluster living in ``dir``."""
+
+    def __init__(
+        self,
+        dir: Path = DEFAULT_DIR,
+        nodes: int = 4,
+        spares: int = 1,
+        port_base: int = DEFAULT_PORT_BASE,
+        **timing: int,
+    ) -> None:
+        self.shape = Shape(Path(dir).resolve(), nodes, spares, port_base, **timing)
+
+    # ----------------------------------------------------------------- layout
+    @property
+    def dir(self) -> Path:
+        return self.shape.dir
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.dir / "etc" / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.dir / "munge" / "munge.sock"
+
+    @property
+    def nodes(self) -> list[str]:
+        return self.shape.node_names
+
+    @property
+    def spares(self) -> list[str]:
+        return self.shape.spare_names
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+
+    def _run(self, name: str) -> Path:
+        return self.dir / "run" / name
+
+    @classmethod
+    def load(cls, dir: Path) -> LocalCluster:
+        """The cluster described by ``dir/cluster.json`` (written by ``up``)."""
+        meta = Path(dir).resolve() / "cluster.json"
+        try:
+            data = json.loads(meta.read_text())
+            data.pop("dir")
+            data.pop("host_boot_epoch", None)
+            return cls(Path(dir), **data)
+        except FileNotFoundError:
+            raise LocalClusterError(f"no local cluster in {dir} ({meta} is missing)") from None
+        except (ValueError, TypeError, KeyError) as exc:
+            raise LocalClusterError(f"{meta} is unreadable: {exc}") from None
+
+    # ----------------------------------------------------------------- checks
+    def check_can_start(self) -> None:
+        """Everything that must hold before anything is started."""
+        if os.geteuid() != 0:
+            raise LocalClusterError("the local cluster needs root (it runs slurmd and munged)")
+        if self.shape.nodes < 1 or self.shape.spares < 0:
+            raise LocalClusterError("--nodes must be >= 1 and --spares >= 0")
+        if self.shape.nodes + self.shape.spares > 64:
+            raise LocalClusterError("at most 64 nodes fit on one machine")
+        if not (1024 <= self.shape.port_base and max(self.shape.ports) <= 65535):
+            raise LocalClusterError(f"--port-base {self.shape.port_base} leaves the port range")
+        for tool in ("slurmctld", "slurmd", "munged"):
+            if not (SBIN / tool).exists():
+                raise LocalClusterError(
+                    f"{SBIN / tool} is missing: apt-get install slurmd slurmctld slurm-client munge"
+                )
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            probe = self.dir / ".write-test"
+            probe.write_text("x")
+            probe.unlink()
+        except OSError as exc:
+            raise LocalClusterError(f"cannot write to {self.dir}: {exc.strerror}") from None
+
+    def check_ports(self) -> None:
+        """Every port the cluster needs is free on 127.0.0.1."""
+        for port in self.shape.ports:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    raise LocalClusterError(
+                        f"port {port} on 127.0.0.1 is in use: choose another --port-base"
+                    ) from None
+
+    # ------------------------------------------------------------------ up
+    def running(self) -> bool:
+        return procs.read_pidfile(self._run("slurmctld.pid"), "slurmctld") is not None
+
+    def up(self, timeout: float = 60.0) -> bool:
+        """Start the cluster; False if the same cluster already runs here."""
+        if self.running():
+            current = LocalCluster.load(self.dir).shape
+            if current != self.shape:
+                raise LocalClusterError(
+                    f"a different local cluster runs in {self.dir} "
+                    f"({current.nodes} nodes + {current.spares} spares); run down first"
+                )
+            self._wait_idle(self.nodes, timeout)
+            return False
+        self.check_can_start()
+        self.stop_daemons()  # stale pids after a crash: clean whatever is left
+        self.check_ports()
+        self._write_files()
+        try:
+            self._start_munged()
+            self._start_slurmctld()
+            for name in self.shape.all_names:
+                self.node_start(name)
+            self._wait_idle(self.nodes, timeout)
+        except BaseException:
+            self.stop_daemons()
+            raise
+        return True
+
+    def _write_files(self) -> None:
+        d = self.dir
+        for sub in (
+            "etc",
+            "run",
+            "log",
+            "state",
+            "spool",
+            "munge",
+            "hooks",
+            "lib",
+            "autoresume",
+            "checkpoints",
+            "out",
+        ):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        # A fresh start: no old jobs, job ids from 1, clean logs.
+        for sub in ("state", "spool", "autoresume", "log"):
+            shutil.rmtree(d / sub, ignore_errors=True)
+            (d / sub).mkdir()
+        (d / "autoresume").chmod(0o1777)
+        (d / "checkpoints").chmod(0o1777)
+        (d / "out").chmod(0o1777)
+        files = {
+            d / "etc" / "slurm.conf": render.slurm_conf(self.shape, socket.gethostname()),
+            d / "etc" / "plugstack.conf": render.plugstack_conf(self.shape),
+            d / "etc" / "job_submit.lua": render.JOB_SUBMIT_LUA,
+            d / "hooks" / "reboot.sh": render.reboot_sh(self.shape, sys.executable),
+            d / "hooks" / "epilog_ctld.sh": render.epilog_ctld_sh(self.shape),
+        }
+        for path, text in files.items():
+            path.write_text(text)
+            if path.suffix == ".sh":
+                path.chmod(0o755)
+        meta = asdict(self.shape)
+        meta["dir"] = str(self.dir)
+        meta["host_boot_epoch"] = time.time() - float(Path("/proc/uptime").read_text().split()[0])
+        (d / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
+        self._install_plugin()
+
+    def _install_plugin(self) -> None:
+        built = os.environ.get("HYPERPOD_SPANK_PLUGIN")
+        if built:
+            so = Path(built)
+        else:
+            if not (SPANK_SOURCE / "Makefile").exists():
+                raise LocalClusterError(
+                    "SPANK plugin source not found: set "
+                    "HYPERPOD_SPANK_PLUGIN to a built auto_resume.so"
+                )
+            res = subprocess.run(
+                ["make", "-s", "-C", str(SPANK_SOURCE)], capture_output=True, text=True, timeout=120
+            )
+            if res.returncode != 0:
+                tail = (res.stderr or res.stdout).strip().splitlines()[-1:]
+                raise LocalClusterError(f"building the SPANK plugin failed: {' '.join(tail)}")
+            so = SPANK_SOURCE / "auto_resume.so"
+        if not so.exists():
+            raise LocalClusterError(f"SPANK plugin {so} does not exist")
+        tmp = self.dir / "lib" / "auto_resume.so.new"
+        shutil.copyfile(so, tmp)
+        os.replace(tmp, self.dir / "lib" / "auto_resume.so")
+
+    def _start_munged(self) -> None:
+        mdir = self.dir / "munge"
+        mdir.chmod(0o755)  # munged refuses a socket dir without o+x
+        key = mdir / "munge.key"
+        if not key.exists():
+            subprocess.run(
+                ["mungekey", "-c", "-k", str(key), "-b", "1024"],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
+            key.chmod(0o400)
+        pidfile = mdir / "munged.pid"
+        res = subprocess.run(
+            [
+                str(SBIN / "munged"),
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={pidfile}",
+                f"--seed-file={mdir / 'munged.seed'}",
+                f"--log-file={self.dir / 'log' / 'munged.log'}",
+                "--num-threads=4",
+                "--force",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if res.returncode != 0:
+            raise LocalClusterError(
+                f"munged failed to start: {res.stderr.strip()} "
+                f"(log: {self.dir / 'log' / 'munged.log'})"
+            )
+        procs.write_pidfile(self._run("munged.pid"), int(pidfile.read_text().split()[0]))
+
+    def _spawn(self, argv: list[str], logname: str) -> int:
+        """Start a daemon in its own session, detached from us: no Popen object that
+        would outlive its process, output appended to ``log/<logname>``."""
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_OPEN, 1, str(self.dir / "log" / logname),
+             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (os.POSIX_SPAWN_DUP2, 1, 2),
+        ]
+        return os.posix_spawnp(argv[0], argv, self.env, file_actions=actions, setsid=True)
+
+    def _start_slurmctld(self) -> None:
+        pid = self._spawn(
+            [str(SBIN / "slurmctld"), "-D", "-i", "-f", str(self.slurm_conf)], "slurmctld.stdout"
+        )
+        procs.write_pidfile(self._run("slurmctld.pid"), pid)
+
+    # ---------------------------------------------------------------- nodes
+    def slurmd_pid(self, name: str) -> int | None:
+        return procs.read_pidfile(self._run(f"slurmd-{name}.pid"), "slurmd")
+
+    def node_start(self, name: str, fresh_boot: bool = False) -> int:
+        """Start ``name``'s slurmd in a new UTS namespace (and, for a fake reboot,
+        a new time namespace whose boot time is now). Returns its pid."""
+        self._check_node(name)
+        pid = self.slurmd_pid(name)
+        if pid is not None:
+            return pid
+        (self.dir / "spool" / name).mkdir(parents=True, exist_ok=True)
+        argv = ["unshare", "--uts"]
+        if fresh_boot:
+            meta = json.loads((self.dir / "cluster.json").read_text())
+            offset = int(time.time() - meta["host_boot_epoch"] - 1)
+            argv += ["--time", "--boottime", str(-offset)]
+        # sh sets the hostname, then becomes slurmd: one pid from unshare to slurmd.
+        argv += [
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            name,
+            str(SBIN / "slurmd"),
+            "-D",
+            "-f",
+            str(self.slurm_conf),
+        ]
+        pid = self._spawn(argv, f"slurmd-{name}.stdout")
+        ns = procs.wait_for_new_uts_ns(pid)
+        if ns is None:
+            raise LocalClusterError(
+                f"{name}: slurmd did not start "
+                f"({_log_tail(self.dir / 'log' / f'slurmd-{name}.stdout')})"
+            )
+        with open(self._run("uts_namespaces"), "a") as f:
+            f.write(ns + "\n")
+        deadline = time.monotonic() + 5
+        while not os.path.basename(procs.exe(pid)).startswith("slurmd"):
+            if time.monotonic() > deadline or not procs.alive(pid):
+                raise LocalClusterError(
+                    f"{name}: slurmd did not start "
+                    f"({_log_tail(self.dir / 'log' / f'slurmd-{name}.log')})"
+                )
+            time.sleep(0.01)
+        procs.write_pidfile(self._run(f"slurmd-{name}.pid"), pid)
+        return pid
+
+    def node_kill(self, name: str, sig: str = "KILL") -> int:
+        """Send ``sig`` to ``name``'s slurmd (a node failure); returns the pid."""
+        self._check_node(name)
+        pid = self.slurmd_pid(name)
+        if pid is None:
+            raise LocalClusterError(f"{name}: slurmd is not running")
+        os.kill(pid, getattr(signal, f"SIG{sig.upper().removeprefix('SIG')}"))
+        return pid
+
+    def node_reboot(self, name: str) -> int:
+        """A fake reboot: stop the slurmd and start it with a fresh boot time, so
+        slurmctld sees the node come back as rebooted."""
+        self._check_node(name)
+        pid = self.slurmd_pid(name)
+        if pid is not None:
+            procs.stop([pid])
+        return self.node_start(name, fresh_boot=True)
+
+    def _check_node(self, name: str) -> None:
+        if name not in self.shape.all_names:
+            raise LocalClusterError(
+                f"no node {name!r} in this cluster (nodes: {','.join(self.shape.all_names)})"
+            )
+
+    def node_states(self) -> dict[str, str]:
+        from hyperpod_agent.slurm.client import SlurmClient
+
+        nodes = SlurmClient(slurm_conf=self.slurm_conf, timeout=10).list_nodes()
+        return {n.name: "+".join([n.state, *sorted(n.flags)]) for n in nodes}
+
+    def wait_idle(self, names: list[str], timeout: float = 30.0) -> None:
+        self._wait_idle(names, timeout)
+
+    def _wait_idle(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            if procs.read_pidfile(self._run("slurmctld.pid"), "slurmctld") is None:
+                raise LocalClusterError(
+                    f"slurmctld exited: {_log_tail(self.dir / 'log' / 'slurmctld.log')}"
+                )
+            try:
+                states = self.node_states()
+            except Exception as exc:  # slurmctld still starting: keep waiting
+                states = {"?": str(exc)}
+            if all(
+                states.get(n, "").split("+")[0] == "IDLE" and "DRAIN" not in states.get(n, "")
+                for n in names
+            ):
+                return
+            time.sleep(0.2)
+        bad = [n for n in names if states.get(n, "?").split("+")[0] != "IDLE"] or names
+        seen = states.get(bad[0]) or states.get("?", "unknown")
+        raise LocalClusterError(
+            f"timed out after {timeout:g} s waiting for {','.join(bad)} to be idle "
+            f"(state {seen}); see "
+            f"{self.dir / 'log' / f'slurmd-{bad[0]}.log'}: "
+            f"{_log_tail(self.dir / 'log' / f'slurmd-{bad[0]}.log', 2)}"
+        )
+
+    # ---------------------------------------------------------------- down
+    def owned_pids(self) -> dict[str, int]:
+        """Every daemon of this cluster that is still alive, by name."""
+        found: dict[str, int] = {}
+        run = self.dir / "run"
+        for pidfile in sorted(run.glob("*.pid")) if run.exists() else []:
+            name = pidfile.stem
+            kind = "slurmd" if name.startswith("slurmd-") else name
+            pid = procs.read_pidfile(pidfile, None if kind.startswith("proc-") else kind)
+            if pid is not None:
+                found[name] = pid
+        return found
+
+    def namespace_pids(self) -> list[int]:
+        try:
+            namespaces = set(self._run("uts_namespaces").read_text().split())
+        except OSError:
+            return []
+        namespaces.discard(procs.uts_ns(1) or "")
+        namespaces.discard(procs.uts_ns(os.getpid()) or "")
+        return procs.pids_in_namespaces(namespaces)
+
+    def stop_daemons(self) -> None:
+        """Stop exactly what we started: extra processes, slurmctld, slurmd,
+        what lives on in the nodes' namespaces, then munged."""
+        pids = self.owned_pids()
+        procs.stop([p for n, p in pids.items() if n.startswith("proc-")])
+        procs.stop([p for n, p in pids.items() if n == "slurmctld"])
+        procs.stop([p for n, p in pids.items() if n.startswith("slurmd-")])
+        for _ in range(3):
+            leftovers = [p for p in self.namespace_pids() if p != os.getpid()]
+            if not leftovers:
+                break
+            procs.stop(leftovers, timeout=1)
+        procs.stop([p for n, p in pids.items() if n == "munged"])
+        run = self.dir / "run"
+        for pidfile in run.glob("*.pid") if run.exists() else []:
+            pidfile.unlink(missing_ok=True)
+
+    def down(self) -> None:
+        """Cancel jobs, then stop every process of the cluster."""
+        if self.running():
+            from hyperpod_agent.errors import SlurmError
+            from hyperpod_agent.slurm.client import SlurmClient
+
+            slurm = SlurmClient(slurm_conf=self.slurm_conf, timeout=5)
+            try:
+                for job in slurm.list_jobs():
+                    if job.state in ("PENDING", "RUNNING", "SUSPENDED", "REQUEUED"):
+                        slurm.cancel(job.job_id)
+            except SlurmError as exc:  # the daemons are stopped next anyway
+                log.warning("could not cancel jobs while stopping the cluster: %s", exc)
+        self.stop_daemons()

@@ -1,0 +1,186 @@
+"""Pure renderers for the local cluster's files: slurm.conf, plugstack.conf,
+job_submit.lua and the hook scripts. No I/O here; ``cluster.py`` writes them."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+SPARE_REASON = "hyperpod:spare"
+PARTITION = "main"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Everything that decides what the cluster looks like."""
+
+    dir: Path
+    nodes: int
+    spares: int
+    port_base: int
+    slurmd_timeout: int = 6
+    message_timeout: int = 3
+    cred_expire: int = 5
+    cpus_per_node: int = 2
+    mem_mb_per_node: int = 1000
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node{k}" for k in range(1, self.nodes + 1)]
+
+    @property
+    def spare_names(self) -> list[str]:
+        return [f"node{k}" for k in range(self.nodes + 1, self.nodes + self.spares + 1)]
+
+    @property
+    def all_names(self) -> list[str]:
+        return self.node_names + self.spare_names
+
+    def node_port(self, name: str) -> int:
+        return self.port_base + 10 + int(name.removeprefix("node"))
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.port_base] + [self.node_port(n) for n in self.all_names]
+
+
+def slurm_conf(shape: Shape, ctl_host: str) -> str:
+    d = shape.dir
+    lines = [
+        "# Written by `hyperpod local-cluster up`; edits are lost on the next start.",
+        "ClusterName=hyperpod-local",
+        f"SlurmctldHost={ctl_host}(127.0.0.1)",
+        f"SlurmctldPort={shape.port_base}",
+        "AuthType=auth/munge",
+        f"AuthInfo=socket={d}/munge/munge.sock,cred_expire={shape.cred_expire}",
+        "CredType=cred/munge",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={d}/state",
+        f"SlurmdSpoolDir={d}/spool/%n",
+        f"SlurmctldPidFile={d}/spool/slurmctld.pid",
+        f"SlurmdPidFile={d}/spool/%n/slurmd.pid",
+        f"SlurmctldLogFile={d}/log/slurmctld.log",
+        f"SlurmdLogFile={d}/log/slurmd-%n.log",
+        "SlurmctldDebug=info",
+        "SlurmdDebug=info",
+        # One machine, no systemd or cgroups inside the nodes.
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SlurmdParameters=config_overrides",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        "MailProg=/bin/true",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/filetxt",
+        f"JobCompLoc={d}/log/jobcomp.txt",
+        # Fast failure detection and recovery (see docs/local-cluster.md for timings).
+        "ReturnToService=2",
+        f"SlurmdTimeout={shape.slurmd_timeout}",
+        f"MessageTimeout={shape.message_timeout}",
+        "SlurmctldTimeout=10",
+        "TCPTimeout=2",
+        "KillWait=5",
+        "BatchStartTimeout=10",
+        "MinJobAge=600",
+        "SchedulerParameters=sched_interval=2,bf_interval=2,permit_job_expansion",
+        f"MaxNodeCount={len(shape.all_names) + 8}",
+        "TreeWidth=65533",
+        f"PlugStackConfig={d}/etc/plugstack.conf",
+        "JobSubmitPlugins=lua",
+        f"EpilogSlurmctld={d}/hooks/epilog_ctld.sh",
+        f"RebootProgram={d}/hooks/reboot.sh",
+        "ResumeTimeout=30",
+    ]
+    for name in shape.node_names:
+        lines.append(_node_line(shape, name, "UNKNOWN"))
+    for name in shape.spare_names:
+        # Spares are defined and running but kept out of service until the
+        # controller resumes one (the spare_pool provider).
+        lines.append(_node_line(shape, name, f'DRAIN Reason="{SPARE_REASON}"'))
+    lines.append(
+        f"PartitionName={PARTITION} Nodes={','.join(shape.all_names)} Default=YES "
+        "MaxTime=INFINITE State=UP"
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _node_line(shape: Shape, name: str, state: str) -> str:
+    return (
+        f"NodeName={name} NodeAddr=127.0.0.1 Port={shape.node_port(name)} "
+        f"CPUs={shape.cpus_per_node} RealMemory={shape.mem_mb_per_node} State={state}"
+    )
+
+
+def plugstack_conf(shape: Shape) -> str:
+    d = shape.dir
+    # 'required': a plugin that fails to load makes sbatch/srun/slurmd fail loudly
+    # instead of silently losing --auto-resume.
+    return (
+        f"required {d}/lib/auto_resume.so statedir={d}/autoresume checkpoint_root={d}/checkpoints\n"
+    )
+
+
+JOB_SUBMIT_LUA = """\
+-- Installed by hyperpod: copy the --auto-resume value that the SPANK plugin put
+-- in the job-control environment into admin_comment, where the controller reads
+-- it. Users cannot change admin_comment and it survives requeue.
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local value = nil
+  if job_desc.spank_job_env ~= nil then
+    for _, entry in pairs(job_desc.spank_job_env) do
+      local m = string.match(entry, "^AUTO_RESUME=(%d+)$")
+      if m ~= nil then value = m end
+    end
+  end
+  if value ~= nil then
+    job_desc.admin_comment = "auto_resume=" .. value
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+"""
+
+
+def reboot_sh(shape: Shape, python: str) -> str:
+    """RebootProgram: runs on the node (hostname = node name) as a child of its
+    slurmd and must return at once, so the restart is detached."""
+    cmd = " ".join(
+        shlex.quote(a)
+        for a in [
+            python,
+            "-m",
+            "hyperpod_agent",
+            "local-cluster",
+            "node-reboot",
+            "--dir",
+            str(shape.dir),
+        ]
+    )
+    log = shlex.quote(str(shape.dir / "log" / "reboot.log"))
+    return (
+        "#!/bin/sh\n"
+        "node=$(hostname)\n"
+        f'echo "$(date +%s.%N) reboot requested for $node" >> {log}\n'
+        f'setsid {cmd} "$node" >> {log} 2>&1 < /dev/null &\n'
+        "exit 0\n"
+    )
+
+
+def epilog_ctld_sh(shape: Shape) -> str:
+    """EpilogSlurmctld: one line per finished job, for the controller to follow."""
+    log = shlex.quote(str(shape.dir / "log" / "job_end.log"))
+    return (
+        "#!/bin/sh\n"
+        f"printf '%s job=%s auto_resume=%s exit=%s derived=%s\\n' \"$(date +%s.%N)\" "
+        '"$SLURM_JOB_ID" "${SPANK_AUTO_RESUME:-}" "${SLURM_JOB_EXIT_CODE2:-}" '
+        f'"${{SLURM_JOB_DERIVED_EC:-}}" >> {log}\n'
+        "exit 0\n"
+    )

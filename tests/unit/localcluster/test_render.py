@@ -1,0 +1,60 @@
+from pathlib import Path
+
+from hyperpod_agent.localcluster import render
+from hyperpod_agent.localcluster.render import Shape
+
+
+def shape(**kw: int) -> Shape:
+    args = {"nodes": 4, "spares": 1, "port_base": 17000, **kw}
+    return Shape(Path("/x/c"), **args)
+
+
+def test_names_and_ports() -> None:
+    s = shape()
+    assert s.node_names == ["node1", "node2", "node3", "node4"]
+    assert s.spare_names == ["node5"]
+    assert s.node_port("node3") == 17013
+    assert s.ports == [17000, 17011, 17012, 17013, 17014, 17015]
+
+
+def test_slurm_conf_has_the_hooks_later_parts_need() -> None:
+    conf = render.slurm_conf(shape(cred_expire=7, slurmd_timeout=2), "head")
+    assert "AuthInfo=socket=/x/c/munge/munge.sock,cred_expire=7" in conf
+    assert "SlurmdTimeout=2" in conf
+    assert "PlugStackConfig=/x/c/etc/plugstack.conf" in conf
+    assert "JobSubmitPlugins=lua" in conf
+    assert "RebootProgram=/x/c/hooks/reboot.sh" in conf
+    assert "EpilogSlurmctld=/x/c/hooks/epilog_ctld.sh" in conf
+    assert "permit_job_expansion" in conf
+    assert "/etc/slurm" not in conf and "/etc/munge" not in conf
+
+
+def test_spares_are_in_the_partition_but_drained() -> None:
+    conf = render.slurm_conf(shape(spares=2), "head")
+    assert 'NodeName=node5 NodeAddr=127.0.0.1 Port=17015' in conf
+    assert 'State=DRAIN Reason="hyperpod:spare"' in conf.splitlines()[-2]
+    assert conf.count('Reason="hyperpod:spare"') == 2
+    assert "Nodes=node1,node2,node3,node4,node5,node6 " in conf
+
+
+def test_no_spares() -> None:
+    conf = render.slurm_conf(shape(spares=0), "head")
+    assert "hyperpod:spare" not in conf
+
+
+def test_plugstack_loads_the_plugin_with_strict_arguments() -> None:
+    line = render.plugstack_conf(shape())
+    assert line.startswith("required /x/c/lib/auto_resume.so ")
+    assert "statedir=/x/c/autoresume" in line
+
+
+def test_job_submit_copies_auto_resume_to_admin_comment() -> None:
+    assert "AUTO_RESUME=(%d+)$" in render.JOB_SUBMIT_LUA
+    assert 'job_desc.admin_comment = "auto_resume=" .. value' in render.JOB_SUBMIT_LUA
+
+
+def test_reboot_program_detaches_and_quotes() -> None:
+    text = render.reboot_sh(Shape(Path("/x/with space"), 1, 0, 17000), "/usr/bin/python3")
+    assert "setsid /usr/bin/python3 -m hyperpod_agent local-cluster node-reboot" in text
+    assert "'/x/with space'" in text
+    assert text.rstrip().endswith("exit 0")
