@@ -181,7 +181,7 @@ class LocalCluster:
         for sub in ("state", "spool", "autoresume", "log"):
             shutil.rmtree(d / sub, ignore_errors=True)
             (d / sub).mkdir()
-        (d / "autoresume").chmod(0o1777)
+        (d / "autoresume").chmod(0o755)  # only slurmstepd (root) writes markers
         (d / "checkpoints").chmod(0o1777)
         (d / "out").chmod(0o1777)
         files = {

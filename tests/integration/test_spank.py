@@ -1,0 +1,351 @@
+"""The auto_resume SPANK plugin, exercised through the real sbatch, srun and salloc.
+
+The local cluster loads spank_plugin/auto_resume.so with
+``statedir=<dir>/autoresume checkpoint_root=<dir>/checkpoints`` and a job_submit.lua
+that copies AUTO_RESUME from the job-control environment into admin_comment.
+The build tests at the end need only a C compiler and spank.h.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PLUGIN_SRC = Path(__file__).resolve().parents[2] / "spank_plugin"
+TIMEOUT = 30.0
+BAD_VALUES = ["abc", "-1", "99999", "", "1.5", "+1", " 1"]
+
+
+def run(
+    argv: list[str], env: dict[str, str], timeout: float = TIMEOUT, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout, cwd=cwd, check=False
+    )
+
+
+class Jobs:
+    """Submits jobs on the cluster and cancels whatever is left at the end."""
+
+    def __init__(self, cluster: Any):
+        self.dir = Path(cluster.dir)
+        self.env: dict[str, str] = {
+            k: v for k, v in cluster.env.items() if not k.startswith("HYPERPOD_")
+        }
+        self.ids: list[str] = []
+
+    def sbatch(self, *args: str, script: str) -> str:
+        out = self.dir / "out" / "%j.out"
+        res = run(
+            ["sbatch", "--parsable", "-N1", "-o", str(out), *args, "--wrap", script], self.env
+        )
+        assert res.returncode == 0, res.stderr
+        job = res.stdout.strip().split(";")[0]
+        self.ids.append(job)
+        return job
+
+    def wait_done(self, job: str, timeout: float = TIMEOUT) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.field(job, "JobState")
+            if state in {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}:
+                return state
+            time.sleep(0.2)
+        raise AssertionError(f"job {job} did not finish within {timeout} s")
+
+    def output(self, job: str) -> str:
+        assert self.wait_done(job) == "COMPLETED", self.show(job)
+        return (self.dir / "out" / f"{job}.out").read_text()
+
+    def show(self, job: str) -> str:
+        res = run(["scontrol", "show", "job", "-o", job], self.env)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    def field(self, job: str, name: str) -> str | None:
+        # -o prints one line of Key=Value pairs; the values read here hold no spaces.
+        m = re.search(rf"(?:^| ){name}=(\S*)", self.show(job))
+        return m.group(1) if m else None
+
+    def marker(self, job: str) -> Path:
+        return self.dir / "autoresume" / job
+
+    def cancel_all(self) -> None:
+        if self.ids:
+            run(["scancel", *self.ids], self.env)
+
+
+@pytest.fixture
+def jobs(local_cluster: Any) -> Iterator[Jobs]:
+    j = Jobs(local_cluster)
+    try:
+        yield j
+    finally:
+        j.cancel_all()
+
+
+def plugin_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "auto-resume: " in line]
+
+
+# --- where the value shows up -------------------------------------------------------
+
+
+@pytest.mark.slurm
+def test_sbatch_flag_reaches_tasks_admin_comment_and_checkpoint_dir(jobs: Jobs) -> None:
+    job = jobs.sbatch(
+        "--auto-resume=1",
+        script=("srun sh -c 'echo \"ar=$HYPERPOD_AUTO_RESUME ckpt=$HYPERPOD_CHECKPOINT_DIR\"'"),
+    )
+    out = jobs.output(job)
+    ckpt = jobs.dir / "checkpoints" / job
+    assert out.strip() == f"ar=1 ckpt={ckpt}"
+    assert jobs.field(job, "AdminComment") == "auto_resume=1"
+
+
+@pytest.mark.slurm
+def test_srun_only_job_gets_admin_comment_and_task_env(jobs: Jobs) -> None:
+    res = run(
+        [
+            "srun",
+            "--auto-resume=3",
+            "-N1",
+            "sh",
+            "-c",
+            'echo "$SLURM_JOB_ID $HYPERPOD_AUTO_RESUME"',
+        ],
+        jobs.env,
+    )
+    assert res.returncode == 0, res.stderr
+    job, value = res.stdout.split()
+    jobs.ids.append(job)
+    assert value == "3"
+    assert jobs.field(job, "AdminComment") == "auto_resume=3"
+    assert jobs.marker(job).read_text().startswith("auto_resume=3 step=0 node=node")
+
+
+@pytest.mark.slurm
+def test_srun_inside_batch_script_writes_marker(jobs: Jobs) -> None:
+    job = jobs.sbatch(script="srun --auto-resume=1 printenv HYPERPOD_AUTO_RESUME")
+    assert jobs.output(job).strip() == "1"
+    # job_submit never saw the flag: only the marker tells the node agent.
+    assert jobs.field(job, "AdminComment") is None
+    marker = jobs.marker(job)
+    assert re.fullmatch(r"auto_resume=1 step=0 node=node\d+\n", marker.read_text())
+    assert stat.S_IMODE(marker.stat().st_mode) == 0o644
+    assert not list(marker.parent.glob(f".{job}.*")), "temporary file left behind"
+
+
+@pytest.mark.slurm
+def test_salloc_flag_reaches_admin_comment(jobs: Jobs) -> None:
+    res = run(["salloc", "--auto-resume=2", "--no-shell", "-N1"], jobs.env)
+    assert res.returncode == 0, res.stderr
+    m = re.search(r"Granted job allocation (\d+)", res.stderr)
+    assert m, res.stderr
+    jobs.ids.append(m.group(1))
+    assert jobs.field(m.group(1), "AdminComment") == "auto_resume=2"
+
+
+@pytest.mark.slurm
+def test_bare_flag_means_one_and_reaches_sruns_inside_the_job(jobs: Jobs) -> None:
+    # Slurm forwards a bare option to the job's sruns as "(null)": they must accept it.
+    job = jobs.sbatch("--auto-resume", script="srun printenv HYPERPOD_AUTO_RESUME")
+    assert jobs.output(job).strip() == "1"
+    assert jobs.field(job, "AdminComment") == "auto_resume=1"
+
+
+@pytest.mark.slurm
+def test_bare_flag_does_not_swallow_the_command(jobs: Jobs) -> None:
+    res = run(["srun", "--auto-resume", "-N1", "printenv", "HYPERPOD_AUTO_RESUME"], jobs.env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1"
+
+
+@pytest.mark.slurm
+def test_zero_opts_out_without_checkpoint_dir(jobs: Jobs) -> None:
+    job = jobs.sbatch(
+        "--auto-resume=0",
+        script=(
+            "srun sh -c 'echo \"ar=$HYPERPOD_AUTO_RESUME ckpt=${HYPERPOD_CHECKPOINT_DIR-unset}\"'"
+        ),
+    )
+    assert jobs.output(job).strip() == "ar=0 ckpt=unset"
+    assert jobs.field(job, "AdminComment") == "auto_resume=0"
+
+
+@pytest.mark.slurm
+def test_checkpoint_dir_set_by_the_job_wins(jobs: Jobs) -> None:
+    job = jobs.sbatch(
+        "--auto-resume=1",
+        "--export=ALL,HYPERPOD_CHECKPOINT_DIR=/data/mine",
+        script="srun printenv HYPERPOD_CHECKPOINT_DIR",
+    )
+    assert jobs.output(job).strip() == "/data/mine"
+
+
+@pytest.mark.slurm
+def test_job_without_flag_has_no_trace(jobs: Jobs) -> None:
+    job = jobs.sbatch(script="srun env")
+    out = jobs.output(job)
+    assert "HYPERPOD_AUTO_RESUME" not in out
+    assert "HYPERPOD_CHECKPOINT_DIR" not in out
+    assert jobs.field(job, "AdminComment") is None
+    assert not jobs.marker(job).exists()
+
+
+# --- rejection of bad input ---------------------------------------------------------
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("value", BAD_VALUES)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sbatch", "--wrap", "true"],
+        ["srun", "-N1", "true"],
+        ["salloc", "--no-shell", "-N1"],
+    ],
+)
+def test_invalid_value_is_rejected_with_one_line(
+    jobs: Jobs, command: list[str], value: str
+) -> None:
+    argv = [command[0], f"--auto-resume={value}", *command[1:]]
+    res = run(argv, jobs.env)
+    assert res.returncode != 0
+    ours = plugin_errors(res.stderr)
+    assert len(ours) == 1, res.stderr
+    assert ours[0].endswith(f"couldn't parse --auto-resume={value}: want an integer 0..1000")
+    assert "Granted job allocation" not in res.stderr
+    assert res.stdout == ""
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("command", ["sbatch", "srun", "salloc"])
+def test_help_lists_the_option(jobs: Jobs, command: str) -> None:
+    res = run([command, "--help"], jobs.env)
+    assert res.returncode == 0, res.stderr
+    assert "--auto-resume=N" in res.stdout
+
+
+def _conf_with_plugstack(cluster: Any, tmp_path: Path, args: str) -> dict[str, str]:
+    """A copy of the cluster's slurm.conf whose plugstack.conf passes ``args``.
+    Only the client reads it; the daemons keep their own configuration."""
+    plugstack = tmp_path / "plugstack.conf"
+    plugstack.write_text(f"required {cluster.dir}/lib/auto_resume.so {args}\n")
+    conf = Path(cluster.slurm_conf).read_text()
+    conf = re.sub(r"(?m)^PlugStackConfig=.*$", f"PlugStackConfig={plugstack}", conf)
+    (tmp_path / "slurm.conf").write_text(conf)
+    env = dict(cluster.env)
+    env["SLURM_CONF"] = str(tmp_path / "slurm.conf")
+    return env
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        ("bogus=1", "'bogus=1': unknown key"),
+        ("statedir", "'statedir': want statedir=VALUE"),
+        ("statedir=relative/dir", "'statedir=relative/dir': want an absolute path"),
+        ("checkpoint_root=", "'checkpoint_root=': want an absolute path"),
+        ("max=abc", "'max=abc': want an integer 0..1000000"),
+        ("max=-1", "'max=-1': want an integer 0..1000000"),
+        ("default=x", "'default=x': want an integer 0..1000000"),
+        ("max=3 default=4", "'default=4': larger than max=3"),
+        ("max=3 max=4", "'max=4': max= given twice"),
+    ],
+)
+def test_bad_plugstack_argument_stops_the_plugin(
+    local_cluster: Any, tmp_path: Path, args: str, why: str
+) -> None:
+    env = _conf_with_plugstack(local_cluster, tmp_path, args)
+    res = run(["sbatch", "--auto-resume=1", "--wrap", "true"], env)
+    assert res.returncode != 0
+    ours = plugin_errors(res.stderr)
+    assert len(ours) == 1, res.stderr
+    assert f"auto-resume: allocator: couldn't parse plugstack argument {why}" in ours[0]
+
+
+@pytest.mark.slurm
+def test_max_argument_lowers_the_limit(local_cluster: Any, tmp_path: Path) -> None:
+    env = _conf_with_plugstack(local_cluster, tmp_path, "max=5 default=2")
+    res = run(["srun", "--auto-resume=6", "-N1", "true"], env)
+    assert res.returncode != 0
+    assert plugin_errors(res.stderr)[0].endswith(
+        "couldn't parse --auto-resume=6: want an integer 0..5"
+    )
+
+
+# --- build --------------------------------------------------------------------------
+
+
+def _copy_source(tmp_path: Path) -> Path:
+    src = tmp_path / "spank_plugin"
+    src.mkdir()
+    for name in ("auto_resume.c", "exports.map", "Makefile"):
+        shutil.copy(PLUGIN_SRC / name, src / name)
+    return src
+
+
+def test_build_exports_only_spank_symbols(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path)
+    res = run(["make", "-C", str(src), "check-symbols"], {"PATH": "/usr/bin:/bin"}, 120)
+    assert res.returncode == 0, res.stderr
+    nm = run(["nm", "-D", "--defined-only", str(src / "auto_resume.so")], {}, 10)
+    names = {line.split()[-1] for line in nm.stdout.splitlines()}
+    assert {
+        "slurm_spank_init",
+        "slurm_spank_init_post_opt",
+        "plugin_name",
+        "plugin_type",
+        "plugin_version",
+        "spank_plugin_version",
+    } == names
+
+
+def _add_global_helper(src: Path) -> None:
+    with (src / "auto_resume.c").open("a") as f:
+        f.write("int ar_global_helper(void);\nint ar_global_helper(void) { return 0; }\n")
+
+
+def test_export_map_hides_non_static_functions(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path)
+    _add_global_helper(src)
+    res = run(["make", "-C", str(src), "check-symbols"], {"PATH": "/usr/bin:/bin"}, 120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_check_symbols_fails_on_a_leaking_export_map(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path)
+    _add_global_helper(src)
+    (src / "exports.map").write_text("{ global: *; };\n")
+    res = run(["make", "-C", str(src), "check-symbols"], {"PATH": "/usr/bin:/bin"}, 120)
+    assert res.returncode != 0
+    assert "unexpected exported symbols: ar_global_helper" in res.stderr
+
+
+def test_build_is_hardened_and_installs(tmp_path: Path) -> None:
+    src = _copy_source(tmp_path)
+    env = {"PATH": "/usr/bin:/bin"}
+    res = run(
+        ["make", "-C", str(src), "install", f"DESTDIR={tmp_path}/root", "LIBDIR=/usr/lib/slurm"],
+        env,
+        120,
+    )
+    assert res.returncode == 0, res.stderr
+    installed = tmp_path / "root/usr/lib/slurm/auto_resume.so"
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o755
+    dynamic = run(["readelf", "-d", str(installed)], env, 10).stdout
+    assert "BIND_NOW" in dynamic
+    assert "GNU_RELRO" in run(["readelf", "-lW", str(installed)], env, 10).stdout
+    assert "__stack_chk_fail" in run(["nm", "-D", str(installed)], env, 10).stdout
+    res = run(["make", "-C", str(src), "clean"], env, 30)
+    assert res.returncode == 0 and not (src / "auto_resume.so").exists()
