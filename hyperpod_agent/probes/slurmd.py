@@ -1,13 +1,96 @@
-"""The slurmd probe (placeholder until implemented)."""
+"""The slurmd probe: MUNGE and this node's slurmd answer, under the right name.
+
+- MUNGE: a credential round trip, ``munge -n`` piped into ``unmunge``, on the socket
+  Slurm uses (``munge_socket``, else ``AuthInfo=socket=…`` from slurm.conf, else
+  MUNGE's default). Every Slurm RPC depends on it.
+- slurmd: ``scontrol show slurmd`` sends an authenticated request to the slurmd and
+  prints its answer; that is the one check that proves slurmd *answers* (a pid file
+  or an open port also pass for a frozen slurmd). ``SLURMD_NODENAME`` makes builds
+  with several slurmd per host ask the one of this node (at its NodeAddr:Port from
+  slurm.conf); other builds ignore it and ask the local slurmd.
+- identity: the ``Hostname`` slurmd reports must match the agent's node name (short
+  forms compared), so a node never vouches for another.
+"""
 
 from __future__ import annotations
 
-from hyperpod_agent.health import Status
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from pydantic import Field, model_validator
+
+from hyperpod_agent.errors import SlurmError, SlurmTimeout
+from hyperpod_agent.health import Action, Finding, Status
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig
+from hyperpod_agent.slurm.client import SlurmClient
 
 
 class SlurmdConfig(ProbeConfig):
-    pass
+    """``[probes.slurmd]``."""
+
+    interval_s: float = Field(default=15.0, gt=0, le=3600)
+    munge: bool = True
+    munge_socket: str | None = Field(default=None, pattern=r"^/")
+    slurmd: bool = True
+    check_hostname: bool = True
+    command_timeout_s: float = Field(default=3.0, gt=0, le=60)
+    munge_bin: str = "munge"
+    unmunge_bin: str = "unmunge"
+    scontrol_bin: str = "scontrol"
+
+    @model_validator(mode="after")
+    def _fits(self) -> SlurmdConfig:
+        # munge, unmunge and scontrol run one after the other
+        if 3 * self.command_timeout_s >= self.timeout_s:
+            raise ValueError(
+                f"3 x command_timeout_s ({self.command_timeout_s}) must be below timeout_s "
+                f"({self.timeout_s})"
+            )
+        return self
+
+
+_AUTHINFO = re.compile(r"^\s*AuthInfo\s*=\s*(\S+)", re.IGNORECASE | re.MULTILINE)
+
+
+def parse_authinfo_socket(slurm_conf_text: str) -> str | None:
+    """The ``socket=`` of ``AuthInfo`` in a slurm.conf, if any."""
+    for match in _AUTHINFO.finditer(slurm_conf_text):
+        for item in match.group(1).split(","):
+            key, _, value = item.partition("=")
+            if key.strip().lower() == "socket" and value:
+                return value.strip()
+    return None
+
+
+def parse_key_values(text: str) -> dict[str, str]:
+    """``Key   = value`` lines (``scontrol show slurmd``, ``unmunge``'s ``KEY: value``)."""
+    values = {}
+    for line in text.splitlines():
+        match = re.match(r"^\s*([^=:]+?)\s*[=:]\s*(.*?)\s*$", line)
+        if match:
+            values[match.group(1)] = match.group(2)
+    return values
+
+
+def short_name(host: str) -> str:
+    return host.split(".", 1)[0]
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+def first_error(stderr: str) -> str:
+    """The first ``prog: error: why`` line of Slurm's stderr, without its prefix: the
+    last line is often a generic summary (``slurm_load_slurmd_status: No error``)."""
+    for line in stderr.splitlines():
+        _, sep, why = line.partition("error: ")
+        if sep and why.strip():
+            return why.strip()[:200]
+    return _last_line(stderr)
 
 
 class SlurmdProbe(Probe[SlurmdConfig]):
@@ -15,4 +98,105 @@ class SlurmdProbe(Probe[SlurmdConfig]):
     config_model = SlurmdConfig
 
     def check(self) -> Outcome:
-        return Outcome(Status.UNKNOWN, "not implemented")
+        """One MUNGE round trip and one ``scontrol show slurmd``."""
+        findings: list[Finding] = []
+        parts = []
+        if self.config.munge:
+            finding = self._munge()
+            if finding is not None:
+                findings.append(finding)
+            parts.append("munge ok" if finding is None else "munge failed")
+        if self.config.slurmd:
+            slurmd_findings, summary = self._slurmd()
+            findings.extend(slurmd_findings)
+            parts.append(summary)
+        return Outcome.from_findings(findings, ok_message=", ".join(parts) or "nothing checked")
+
+    # --- munge -------------------------------------------------------------------------------
+
+    def munge_socket(self) -> str | None:
+        """The socket to test: configured, else slurm.conf's AuthInfo, else the default."""
+        if self.config.munge_socket is not None:
+            return self.config.munge_socket
+        conf = self.context.slurm_conf
+        if conf is None:
+            return None
+        try:
+            return parse_authinfo_socket(Path(conf).read_text(encoding="utf-8"))
+        except OSError:
+            return None
+
+    def _munge(self) -> Finding | None:
+        socket = self.munge_socket()
+        extra = ["--socket", socket] if socket else []
+        cfg = self.config
+        try:
+            encoded = self._run([cfg.munge_bin, "-n", *extra], None)
+            if encoded.returncode != 0:
+                return _munge_fail(f"munge: {_last_line(encoded.stderr) or 'failed'}")
+            decoded = self._run([cfg.unmunge_bin, *extra], encoded.stdout)
+        except subprocess.TimeoutExpired as exc:
+            return _munge_fail(f"{Path(str(exc.cmd[0])).name}: no answer within {exc.timeout:g}s")
+        status = parse_key_values(decoded.stdout).get("STATUS", "")
+        if decoded.returncode != 0 or not status.startswith("Success"):
+            why = status or _last_line(decoded.stderr) or f"exit {decoded.returncode}"
+            return _munge_fail(f"unmunge: {why}")
+        return None
+
+    def _run(self, argv: list[str], stdin: str | None) -> subprocess.CompletedProcess[str]:
+        # A missing binary raises FileNotFoundError: an agent setup problem -> UNKNOWN.
+        return subprocess.run(
+            argv,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=self.config.command_timeout_s,
+            check=False,
+        )
+
+    # --- slurmd ------------------------------------------------------------------------------
+
+    def _slurmd(self) -> tuple[list[Finding], str]:
+        node = self.context.node_name
+        client = SlurmClient(
+            self.context.slurm_conf,
+            timeout=self.config.command_timeout_s,
+            env={**os.environ, "SLURMD_NODENAME": node},
+        )
+        try:
+            out = client.run([self.config.scontrol_bin, "show", "slurmd"])
+        except SlurmTimeout:
+            why = f"no answer within {self.config.command_timeout_s:g}s"
+            return [_slurmd_fail("slurmd_unresponsive", why)], "slurmd not answering"
+        except SlurmError as exc:
+            if exc.returncode is None:
+                raise  # scontrol or slurm.conf missing: the agent's setup, not the node
+            why = first_error(exc.stderr) or f"scontrol exit {exc.returncode}"
+            return [_slurmd_fail("slurmd_down", why)], "slurmd down"
+        info = parse_key_values(out)
+        if "Slurmd PID" not in info:
+            raise SlurmError(["scontrol", "show", "slurmd"], 0, out, "unexpected output")
+        summary = f"slurmd pid {info['Slurmd PID']} answers"
+        reported = info.get("Hostname", "")
+        if self.config.check_hostname and reported and short_name(reported) != short_name(node):
+            why = f"slurmd answers as {reported!r}, agent runs for {node!r}"
+            return [_slurmd_fail("slurmd_wrong_node", why)], summary
+        return [], summary
+
+
+def _munge_fail(message: str) -> Finding:
+    return Finding(
+        component="munge",
+        code="munge_failed",
+        status=Status.FAIL,
+        action=Action.REBOOT,
+        message=message,
+    )
+
+
+def _slurmd_fail(code: str, message: str) -> Finding:
+    return Finding(
+        component="slurmd", code=code, status=Status.FAIL, action=Action.REBOOT, message=message
+    )
