@@ -19,6 +19,17 @@ from hyperpod_agent.errors import HyperpodError
 COMMANDS: dict[str, str] = {
     "local-cluster": "hyperpod_agent.localcluster.cli:local_cluster",
     "demo": "hyperpod_agent.demo:demo",
+    "agent": "hyperpod_agent.agent.cli:agent",
+    "health-check": "hyperpod_agent.agent.healthcheck:health_check",
+    "probe": "hyperpod_agent.probes.cli:probe",
+    "config": "hyperpod_agent.config_cli:config",
+    "controller": "hyperpod_agent.controller.cli:controller",
+    "status": "hyperpod_agent.admin.cli:status",
+    "nodes": "hyperpod_agent.admin.cli:nodes",
+    "node": "hyperpod_agent.admin.cli:node",
+    "events": "hyperpod_agent.admin.cli:events",
+    "jobs": "hyperpod_agent.admin.cli:jobs",
+    "checkpoint": "hyperpod_agent.checkpoint.cli:checkpoint",
 }
 
 

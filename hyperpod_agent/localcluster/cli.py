@@ -63,6 +63,11 @@ def local_cluster() -> None:
     show_default=True,
     help="Seconds to wait for the nodes to become idle.",
 )
+@click.option(
+    "--with-services",
+    is_flag=True,
+    help="Also start the controller and an agent per node (fake GPUs).",
+)
 def up(
     nodes: int,
     spares: int,
@@ -72,6 +77,7 @@ def up(
     message_timeout: int,
     cred_expire: int,
     timeout: float,
+    with_services: bool,
 ) -> None:
     """Start the cluster and wait until every in-service node is idle."""
     if nodes < 1:
@@ -87,13 +93,15 @@ def up(
         message_timeout=message_timeout,
         cred_expire=cred_expire,
     )
-    started = cluster.up(timeout=timeout)
+    started = cluster.up(timeout=timeout, services=with_services)
     what = "started" if started else "already running"
     click.echo(
         f"local cluster {what}: {','.join(cluster.nodes)} in service, "
         f"spares: {','.join(cluster.spares) or 'none'}",
         err=True,
     )
+    if cluster.has_services():
+        click.echo(f"controller: {cluster.services.controller_url}", err=True)
     click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
 
 

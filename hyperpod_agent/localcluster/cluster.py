@@ -19,10 +19,14 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hyperpod_agent.errors import LocalClusterError
 from hyperpod_agent.localcluster import procs, render
 from hyperpod_agent.localcluster.render import Shape
+
+if TYPE_CHECKING:
+    from hyperpod_agent.localcluster.services import Services
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +139,19 @@ class LocalCluster:
     def running(self) -> bool:
         return procs.read_pidfile(self._run("slurmctld.pid"), "slurmctld") is not None
 
-    def up(self, timeout: float = 60.0) -> bool:
-        """Start the cluster; False if the same cluster already runs here."""
+    @property
+    def services(self) -> Services:
+        """The controller and agents of this cluster (see services.py)."""
+        from hyperpod_agent.localcluster.services import Services
+
+        return Services(self)
+
+    def has_services(self) -> bool:
+        return (self.dir / "etc" / "controller.toml").exists()
+
+    def up(self, timeout: float = 60.0, services: bool = False) -> bool:
+        """Start the cluster (and, with ``services``, a controller and an agent per
+        node); False if the same cluster already runs here."""
         if self.running():
             current = LocalCluster.load(self.dir).shape
             if current != self.shape:
@@ -145,6 +160,8 @@ class LocalCluster:
                     f"({current.nodes} nodes + {current.spares} spares); run down first"
                 )
             self._wait_idle(self.nodes, timeout)
+            if services and not self.has_services():
+                self.services.up()
             return False
         self.check_can_start()
         self.stop_daemons()  # stale pids after a crash: clean whatever is left
@@ -156,8 +173,10 @@ class LocalCluster:
             for name in self.shape.all_names:
                 self.node_start(name)
             self._wait_idle(self.nodes, timeout)
+            if services:
+                self.services.up()
         except BaseException:
-            self.stop_daemons()
+            self.down()
             raise
         return True
 
@@ -264,8 +283,13 @@ class LocalCluster:
         would outlive its process, output appended to ``log/<logname>``."""
         actions = [
             (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, str(self.dir / "log" / logname),
-             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+            (
+                os.POSIX_SPAWN_OPEN,
+                1,
+                str(self.dir / "log" / logname),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                0o644,
+            ),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ]
         return os.posix_spawnp(argv[0], argv, self.env, file_actions=actions, setsid=True)
@@ -291,7 +315,9 @@ class LocalCluster:
         argv = ["unshare", "--uts"]
         if fresh_boot:
             meta = json.loads((self.dir / "cluster.json").read_text())
-            offset = int(time.time() - meta["host_boot_epoch"] - 1)
+            # The new namespace's uptime starts in [0, 1) s: slurmd reports a boot
+            # time of "now", after the reboot request, as a real reboot would.
+            offset = int(time.time() - meta["host_boot_epoch"])
             argv += ["--time", "--boottime", str(-offset)]
         # sh sets the hostname, then becomes slurmd: one pid from unshare to slurmd.
         argv += [
@@ -340,7 +366,13 @@ class LocalCluster:
         pid = self.slurmd_pid(name)
         if pid is not None:
             procs.stop([pid])
-        return self.node_start(name, fresh_boot=True)
+        # slurmctld accepts the reboot as done only if the boot time it is told is
+        # later than the second it issued the request in.
+        time.sleep(1.0)
+        pid = self.node_start(name, fresh_boot=True)
+        if self.has_services():
+            self.services.reboot_node(name)
+        return pid
 
     def _check_node(self, name: str) -> None:
         if name not in self.shape.all_names:

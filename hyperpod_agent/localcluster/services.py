@@ -1,0 +1,310 @@
+"""The hyperpod services of the local cluster: a controller and one agent per node.
+
+Each node also gets the pieces real fault drills need: a fake GPU scenario file
+(8 healthy GPUs), a small tmpfs scratch mount (fill it, remount it read-only) and a
+network namespace with a data link (set it down). The node's agent reads a sysfs
+mounted from inside that namespace, so it sees the node's own interface.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hyperpod_agent.errors import LocalClusterError
+from hyperpod_agent.localcluster import procs
+
+if TYPE_CHECKING:
+    from hyperpod_agent.localcluster.cluster import LocalCluster
+
+log = logging.getLogger(__name__)
+
+DATA_LINK = "data0"
+HEALTHY_GPUS = {"generate": 8}
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
+    return json.dumps(str(value))
+
+
+def to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    """A small TOML writer for our config dicts (tables of scalars, lists, tables)."""
+    scalars = [f"{k} = {_toml(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    out = ([f"[{prefix}]"] if prefix and scalars else []) + scalars
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.append(to_toml(value, f"{prefix}.{key}" if prefix else key))
+    return "\n".join(line for line in out if line) + "\n"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
+    if check and res.returncode != 0:
+        raise LocalClusterError(f"ip {' '.join(args)}: {res.stderr.strip()}")
+    return res
+
+
+def _mounted(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target for line in f)
+
+
+class Services:
+    """Start and stop the controller and the agents of ``cluster``."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.dir = cluster.dir
+
+    @property
+    def controller_port(self) -> int:
+        return self.cluster.shape.port_base + 2
+
+    @property
+    def controller_url(self) -> str:
+        return f"http://127.0.0.1:{self.controller_port}"
+
+    def netns(self, node: str) -> str:
+        return f"hp{self.cluster.shape.port_base}-{node}"
+
+    def scratch(self, node: str) -> Path:
+        return self.dir / "mnt" / node
+
+    def scenario(self, node: str) -> Path:
+        return self.dir / "gpu" / f"{node}.json"
+
+    def cache(self, node: str) -> Path:
+        return self.dir / "run" / f"agent-{node}" / "health.json"
+
+    def metrics_port(self, node: str) -> int:
+        return self.cluster.shape.port_base + 40 + int(node.removeprefix("node"))
+
+    # ------------------------------------------------------------------ configs
+    def auth(self) -> dict[str, Any]:
+        # Every node shares 127.0.0.1 here, so the origin-address check cannot tell
+        # nodes apart; MUNGE still proves uid and rejects replays.
+        return {
+            "mode": "munge",
+            "munge_socket": str(self.cluster.munge_socket),
+            "check_origin": False,
+        }
+
+    def controller_config(self) -> dict[str, Any]:
+        return {
+            "listen_host": "127.0.0.1",
+            "listen_port": self.controller_port,
+            "state_db": str(self.dir / "state" / "controller.db"),
+            "slurm_conf": str(self.cluster.slurm_conf),
+            "reconcile_interval_s": 2.0,
+            "auth": self.auth(),
+            "policy": {"heartbeat_timeout_s": 30.0, "cooldown_s": 5.0},
+            "auto_resume": {"backoff_base_s": 0.0},
+            "provider": {"kind": "spare_pool"},
+        }
+
+    def agent_config(self, node: str) -> dict[str, Any]:
+        return {
+            "node_name": node,
+            "cache_path": str(self.cache(node)),
+            "state_dir": str(self.cache(node).parent),
+            "slurm_conf": str(self.cluster.slurm_conf),
+            "sysfs_root": str(self.dir / "sys" / node),
+            "cycle_s": 1.0,
+            "metrics": {"port": self.metrics_port(node)},
+            "verdict": {"grace_s": 0.0},
+            "probes": {
+                "gpu": {
+                    "backend": "fake",
+                    "fake_scenario": str(self.scenario(node)),
+                    "expected_count": 8,
+                    "kmsg_path": "",
+                    "interval_s": 1.0,
+                },
+                "nic": {"interfaces": [DATA_LINK], "interval_s": 1.0},
+                "disk": {
+                    "interval_s": 1.0,
+                    "mounts": [{"path": str(self.scratch(node)), "name": "scratch"}],
+                },
+                "cpu": {"interval_s": 5.0},
+                "slurmd": {"interval_s": 2.0, "munge_socket": str(self.cluster.munge_socket)},
+                "script": {"enabled": False},
+            },
+            "controller": {
+                "url": self.controller_url,
+                "auth": self.auth(),
+                "heartbeat_interval_s": 5.0,
+                "backoff_max_s": 5.0,
+                "self_drain_after_s": 30.0,
+                "slurm_conf": str(self.cluster.slurm_conf),
+            },
+        }
+
+    def write_configs(self) -> None:
+        from hyperpod_agent.agent.config import AgentConfig
+        from hyperpod_agent.controller.config import ControllerConfig
+
+        etc = self.dir / "etc"
+        ControllerConfig.model_validate(self.controller_config())
+        (etc / "controller.toml").write_text(to_toml(self.controller_config()))
+        (self.dir / "gpu").mkdir(exist_ok=True)
+        for node in self.cluster.shape.all_names:
+            AgentConfig.model_validate(self.agent_config(node))
+            (etc / f"agent-{node}.toml").write_text(to_toml(self.agent_config(node)))
+            self.scenario(node).write_text(json.dumps(HEALTHY_GPUS) + "\n")
+            self.cache(node).parent.mkdir(parents=True, exist_ok=True)
+
+    # ------------------------------------------------------------ node hardware
+    def make_node_hardware(self, node: str) -> None:
+        """A tmpfs scratch mount and a network namespace with an up link, whose
+        sysfs view is mounted at DIR/sys/<node> for the node's agent."""
+        scratch = self.scratch(node)
+        scratch.mkdir(parents=True, exist_ok=True)
+        if not _mounted(scratch):
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "size=16m", "hyperpod-scratch", str(scratch)],
+                check=True,
+                capture_output=True,
+                timeout=10,
+            )
+        ns = self.netns(node)
+        if _ip("netns", "list", check=False).stdout.split().count(ns) == 0:
+            _ip("netns", "add", ns)
+            _ip("-n", ns, "link", "add", DATA_LINK, "type", "veth", "peer", "name", "peer0")
+        for link in (DATA_LINK, "peer0", "lo"):
+            _ip("-n", ns, "link", "set", link, "up")
+        sysdir = self.dir / "sys" / node
+        sysdir.mkdir(parents=True, exist_ok=True)
+        if not _mounted(sysdir):
+            # sysfs shows the network namespace of whoever mounts it.
+            # `ip netns exec` switches to a private mount namespace; nsenter takes
+            # the mount back to ours so the agent sees it.
+            subprocess.run(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    "nsenter",
+                    f"--mount=/proc/{os.getpid()}/ns/mnt",
+                    "mount",
+                    "-t",
+                    "sysfs",
+                    "sysfs",
+                    str(sysdir),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=10,
+            )
+
+    def remove_node_hardware(self, node: str) -> None:
+        for path in (self.dir / "sys" / node, self.scratch(node)):
+            if _mounted(path):
+                subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=10)
+        _ip("netns", "delete", self.netns(node), check=False)
+
+    def set_link(self, node: str, up: bool) -> None:
+        _ip("-n", self.netns(node), "link", "set", "peer0", "up" if up else "down")
+
+    # ---------------------------------------------------------------- processes
+    def _start(self, name: str, argv: list[str]) -> int:
+        pidfile = self.dir / "run" / f"proc-{name}.pid"
+        pid = procs.read_pidfile(pidfile)
+        if pid is not None:
+            return pid
+        pid = self.cluster._spawn(argv, f"{name}.log")
+        procs.write_pidfile(pidfile, pid)
+        return pid
+
+    def stop(self, name: str) -> None:
+        pid = procs.read_pidfile(self.dir / "run" / f"proc-{name}.pid")
+        if pid is not None:
+            procs.stop([pid])
+
+    def start_controller(self, timeout: float = 30.0) -> int:
+        pid = self._start(
+            "controller",
+            [
+                sys.executable,
+                "-m",
+                "hyperpod_agent",
+                "controller",
+                "run",
+                "--config",
+                str(self.dir / "etc" / "controller.toml"),
+            ],
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not procs.alive(pid):
+                raise LocalClusterError(f"the controller exited; see {self.dir}/log/controller.log")
+            try:
+                with urllib.request.urlopen(f"{self.controller_url}/v1/healthz", timeout=2):
+                    return pid
+            except OSError:
+                time.sleep(0.2)
+        raise LocalClusterError(
+            f"the controller did not answer within {timeout:g} s; see {self.dir}/log/controller.log"
+        )
+
+    def start_agent(self, node: str) -> int:
+        return self._start(
+            f"agent-{node}",
+            [
+                sys.executable,
+                "-m",
+                "hyperpod_agent",
+                "agent",
+                "run",
+                "--config",
+                str(self.dir / "etc" / f"agent-{node}.toml"),
+            ],
+        )
+
+    def up(self) -> None:
+        self.write_configs()
+        for node in self.cluster.shape.all_names:
+            self.make_node_hardware(node)
+        self.start_controller()
+        for node in self.cluster.shape.all_names:
+            self.start_agent(node)
+
+    def down(self) -> None:
+        for node in self.cluster.shape.all_names:
+            self.stop(f"agent-{node}")
+        self.stop("controller")
+        for node in self.cluster.shape.all_names:
+            self.remove_node_hardware(node)
+
+    def reboot_node(self, node: str) -> None:
+        """What a reboot does to the node's hyperpod side: the GPUs come back healthy,
+        the links come up, and the agent starts afresh."""
+        if not (self.dir / "etc" / f"agent-{node}.toml").exists():
+            return
+        self.stop(f"agent-{node}")
+        self.scenario(node).write_text(json.dumps(HEALTHY_GPUS) + "\n")
+        self.make_node_hardware(node)
+        self.set_link(node, True)
+        if _mounted(self.scratch(node)):
+            subprocess.run(
+                ["mount", "-o", "remount,rw", str(self.scratch(node))],
+                capture_output=True,
+                timeout=10,
+            )
+        self.start_agent(node)
