@@ -1,18 +1,55 @@
-"""Request authentication between agents, admins and the controller (placeholder)."""
+"""Request authentication between agents, admins and the controller.
+
+Three modes (see docs/security.md):
+
+- ``munge`` (default): the client wraps a description of the request (method, path,
+  sha256 of the body, time, claimed node) in a MUNGE credential; the controller
+  decodes it with its own munged, which vouches for the caller's uid/gid and origin.
+- ``token``: for sites without MUNGE. A cluster secret stays on the controller; each
+  agent holds only ``HMAC(secret, "node:<name>")`` and so can speak only for its node;
+  admins hold ``HMAC(secret, "admin")``. Requests carry an HMAC over the same fields.
+- ``none``: no authentication at all, for tests and development only.
+
+Both real modes reject stale requests (``max_skew_s``) and replays (a bounded cache).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import grp
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import pwd
+import re
+import secrets
+import socket
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hyperpod_agent.errors import HyperpodError
+from hyperpod_agent import _munge
+from hyperpod_agent.errors import ConfigError, HyperpodError
+
+log = logging.getLogger(__name__)
+
+PAYLOAD_VERSION = 1
+NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MIN_SECRET_BYTES = 32
 
 
 class AuthError(HyperpodError):
-    """A request could not be authenticated (401) or is not allowed (403)."""
+    """A request could not be authenticated (401) or is not allowed (403).
+
+    503 means the controller could not check a credential (its munged is down).
+    """
 
     def __init__(self, message: str, status: int = 401):
         super().__init__(message)
@@ -21,7 +58,7 @@ class AuthError(HyperpodError):
 
 @dataclass(frozen=True)
 class Identity:
-    uid: int
+    uid: int  # -1 when the mode has no Unix identity (token)
     gid: int
     node: str | None  # the node this caller may speak for, None for a non-node caller
     is_admin: bool
@@ -29,23 +66,431 @@ class Identity:
 
 
 class AuthConfig(BaseModel):
+    """``[auth]`` section shared by the agent, the controller and the admin CLI."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     mode: Literal["munge", "token", "none"] = "munge"
+    munge_socket: Path | None = Field(
+        default=None, description="munged socket; None = libmunge's default"
+    )
+    max_skew_s: float = Field(default=60.0, gt=0, le=3600)
+    replay_cache_size: int = Field(default=100_000, ge=16, le=10_000_000)
+    admin_group: str = Field(
+        default="", description="group name or gid whose members are admins (root always is)"
+    )
+    check_origin: bool = Field(
+        default=True, description="munge: a node claim must come from the node's address"
+    )
+    token_secret_file: Path | None = Field(
+        default=None, description="token: cluster secret (controller; clients may derive)"
+    )
+    token_key_file: Path | None = Field(
+        default=None, description="token: this client's derived key, hex"
+    )
+
+    @model_validator(mode="after")
+    def _token_needs_key(self) -> AuthConfig:
+        if self.mode == "token" and not (self.token_secret_file or self.token_key_file):
+            raise ValueError("mode 'token' needs token_secret_file or token_key_file")
+        return self
+
+
+def require_admin(identity: Identity) -> None:
+    """Raise a 403 AuthError unless ``identity`` is an admin."""
+    if not identity.is_admin:
+        raise AuthError(f"{describe(identity)} is not an admin", 403)
+
+
+def require_node(identity: Identity, node: str) -> None:
+    """Raise a 403 AuthError unless ``identity`` may speak for ``node``."""
+    if identity.node != node:
+        who = describe(identity)
+        raise AuthError(f"{who} may not report for node {node}", 403)
+
+
+def describe(identity: Identity) -> str:
+    """A short description of a caller for messages and logs."""
+    if identity.method == "token":
+        return f"token of node {identity.node}" if identity.node else "admin token"
+    if identity.node:
+        return f"uid {identity.uid} (node {identity.node})"
+    return f"uid {identity.uid}"
+
+
+def body_digest(body: bytes) -> str:
+    """Hex sha256 of a request body, as bound into credentials."""
+    return hashlib.sha256(body).hexdigest()
+
+
+def normalize_path(path: str) -> str:
+    """The part of a request target credentials bind: the path without its query."""
+    return path.split("?", 1)[0] or "/"
+
+
+def derive_key(secret: bytes, subject: str) -> bytes:
+    """Token mode: the key of ``subject`` ("node:<name>" or "admin")."""
+    return hmac.new(secret, subject.encode(), hashlib.sha256).digest()
+
+
+def read_secret(path: Path) -> bytes:
+    """Read a cluster secret file; raise ConfigError when missing or too short."""
+    try:
+        secret = path.read_bytes().strip()
+    except OSError as exc:
+        raise ConfigError(f"auth.token_secret_file {path}: {exc.strerror}") from exc
+    if len(secret) < MIN_SECRET_BYTES:
+        raise ConfigError(
+            f"auth.token_secret_file {path}: secret is {len(secret)} bytes, "
+            f"expected at least {MIN_SECRET_BYTES}"
+        )
+    return secret
+
+
+def read_key(path: Path) -> bytes:
+    """Read a derived key file (64 hex digits); raise ConfigError otherwise."""
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"auth.token_key_file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"auth.token_key_file {path}: not text") from exc
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", text):
+        raise ConfigError(f"auth.token_key_file {path}: expected 64 hex digits")
+    return bytes.fromhex(text)
+
+
+def token_signature(
+    key: bytes, subject: str, method: str, path: str, ts: str, nonce: str, body: bytes
+) -> str:
+    """Token mode: hex HMAC binding a request to the key holder."""
+    message = "\n".join(
+        [subject, method.upper(), normalize_path(path), ts, nonce, body_digest(body)]
+    )
+    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
+
+
+class ReplayCache:
+    """Remembers credentials seen within the skew window, bounded in size.
+
+    When the cache is full, the oldest entry is dropped and the time floor rises to its
+    timestamp: anything stamped at or before the floor is refused from then on, so a
+    dropped entry can never be replayed.
+    """
+
+    def __init__(self, size: int, window_s: float):
+        self.size = size
+        self.window_s = window_s
+        self.floor = 0.0
+        self._seen: OrderedDict[str, float] = OrderedDict()
+        # The API may verify requests on several threads at once.
+        self._lock = threading.Lock()
+
+    def seen(self, key: str) -> bool:
+        """True when ``key`` was accepted within the window."""
+        with self._lock:
+            return key in self._seen
+
+    def check_and_add(self, key: str, stamped: float, now: float) -> str | None:
+        """Record ``key``; return why it is refused, or None when it is fresh."""
+        with self._lock:
+            return self._check_and_add(key, stamped, now)
+
+    def _check_and_add(self, key: str, stamped: float, now: float) -> str | None:
+        while self._seen:
+            oldest_key, oldest = next(iter(self._seen.items()))
+            if oldest >= now - self.window_s:
+                break
+            del self._seen[oldest_key]
+        if key in self._seen:
+            return "replayed credential"
+        if stamped <= self.floor:
+            return "credential older than the replay cache can vouch for"
+        if len(self._seen) >= self.size:
+            _, dropped = self._seen.popitem(last=False)
+            self.floor = max(self.floor, dropped)
+        # Ordered by arrival, which tracks the stamp closely enough for expiry.
+        self._seen[key] = stamped
+        return None
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is not None:
+        return value
+    lowered = name.lower()
+    for key, item in headers.items():
+        if key.lower() == lowered:
+            return item
+    return None
+
+
+def _fields(text: str) -> dict[str, str]:
+    fields: dict[str, str] = {}
+    for part in text.split():
+        key, sep, value = part.partition("=")
+        if not sep or not value or key in fields:
+            raise AuthError(f"malformed Authorization field {part[:40]!r}")
+        fields[key] = value
+    return fields
+
+
+def _addresses(host: str) -> set[str]:
+    try:
+        return {str(ipaddress.ip_address(host))}
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET)
+    except OSError:
+        return set()
+    return {str(info[4][0]) for info in infos}
 
 
 class ServerAuth:
-    def __init__(self, config: AuthConfig) -> None:
+    """Verifies requests on the controller."""
+
+    def __init__(
+        self,
+        config: AuthConfig,
+        *,
+        node_address: Callable[[str], str | None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
+        self.node_address = node_address
+        self.clock = clock
+        self.replay = ReplayCache(config.replay_cache_size, 2 * config.max_skew_s)
+        self._secret: bytes | None = None
+        self._admin_gid: int | None = None
+        if config.mode == "none":
+            log.warning("authentication is disabled (auth.mode = none): anyone may act")
+        elif config.mode == "token":
+            if config.token_secret_file is None:
+                raise ConfigError("auth.token_secret_file: the controller needs the secret")
+            self._secret = read_secret(config.token_secret_file)
+        if config.admin_group:
+            self._admin_gid = _resolve_group(config.admin_group)
 
     def verify(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Identity:
-        return Identity(uid=0, gid=0, node=None, is_admin=True, method="none")
+        """Authenticate one request; raise AuthError (401/403/503) when refused."""
+        value = _header(headers, "Authorization")
+        if self.config.mode == "none":
+            return self._verify_none(value)
+        if not value:
+            raise AuthError(f"missing Authorization header (auth mode {self.config.mode})")
+        scheme, _, rest = value.strip().partition(" ")
+        if self.config.mode == "munge":
+            if scheme != "MUNGE":
+                raise AuthError(f"expected a MUNGE credential, got scheme {scheme[:20]!r}")
+            return self._verify_munge(method, path, rest.strip(), body)
+        if scheme != "HPTOKEN":
+            raise AuthError(f"expected an HPTOKEN credential, got scheme {scheme[:20]!r}")
+        return self._verify_token(method, path, rest, body)
+
+    def _verify_none(self, value: str | None) -> Identity:
+        node = None
+        if value and value.startswith("NONE"):
+            node = _fields(value[4:]).get("node")
+        return Identity(uid=0, gid=0, node=node, is_admin=True, method="none")
+
+    def _verify_munge(self, method: str, path: str, cred: str, body: bytes) -> Identity:
+        if not cred:
+            raise AuthError("empty MUNGE credential")
+        # Our own cache first: a munged shared by several nodes may tolerate replays.
+        cache_key = "munge:" + hashlib.sha256(cred.encode()).hexdigest()
+        if self.replay.seen(cache_key):
+            raise AuthError("replayed credential")
+        try:
+            decoded = _munge.decode(cred, self.config.munge_socket)
+        except _munge.MungeError as exc:
+            if exc.is_credential_error:
+                raise AuthError(f"MUNGE credential rejected: {exc}") from exc
+            raise AuthError(f"cannot verify MUNGE credential: {exc}", 503) from exc
+        try:
+            claims: Any = json.loads(decoded.payload)
+        except ValueError as exc:
+            raise AuthError("MUNGE payload is not a request binding") from exc
+        if not isinstance(claims, dict) or claims.get("v") != PAYLOAD_VERSION:
+            raise AuthError("MUNGE payload is not a request binding")
+        stamped = self._check_binding(claims, method, path, body)
+        self._check_fresh(float(decoded.encode_time), "MUNGE encode time")
+        refused = self.replay.check_and_add(cache_key, stamped, self.clock())
+        if refused:
+            raise AuthError(refused)
+        node = claims.get("n")
+        if node is not None and (not isinstance(node, str) or not NODE_NAME.match(node)):
+            raise AuthError("MUNGE payload names an invalid node")
+        if node is not None:
+            self._check_node_claim(decoded, node)
+        return Identity(
+            uid=decoded.uid,
+            gid=decoded.gid,
+            node=node,
+            # A request made as a node (an agent) is scoped to that node even though
+            # agents run as root: an agent never needs admin rights.
+            is_admin=node is None and self._is_admin(decoded.uid, decoded.gid),
+            method="munge",
+        )
+
+    def _check_binding(self, claims: dict[str, Any], method: str, path: str, body: bytes) -> float:
+        if claims.get("m") != method.upper():
+            raise AuthError(f"credential was made for {claims.get('m')!r}, not {method.upper()}")
+        if claims.get("p") != normalize_path(path):
+            raise AuthError(f"credential was made for another path, not {normalize_path(path)}")
+        if claims.get("b") != body_digest(body):
+            raise AuthError("credential does not match the request body")
+        stamped = claims.get("t")
+        if not isinstance(stamped, int | float) or isinstance(stamped, bool):
+            raise AuthError("credential carries no timestamp")
+        self._check_fresh(float(stamped), "timestamp")
+        return float(stamped)
+
+    def _check_fresh(self, stamped: float, what: str) -> None:
+        off = stamped - self.clock()
+        if abs(off) > self.config.max_skew_s:
+            raise AuthError(
+                f"stale credential: {what} is {off:+.0f} s off the controller clock "
+                f"(max_skew_s = {self.config.max_skew_s:g})"
+            )
+
+    def _check_node_claim(self, decoded: _munge.Decoded, node: str) -> None:
+        if decoded.uid != 0:
+            raise AuthError(f"uid {decoded.uid} may not speak for node {node}: only root may", 403)
+        if not self.config.check_origin or self.node_address is None:
+            return
+        expected = self.node_address(node)
+        if not expected:
+            raise AuthError(f"unknown node {node}: no address to check the origin against", 403)
+        if decoded.addr not in _addresses(expected):
+            raise AuthError(
+                f"credential for node {node} comes from {decoded.addr}, not from {expected}", 403
+            )
+
+    def _is_admin(self, uid: int, gid: int) -> bool:
+        if uid == 0:
+            return True
+        if self._admin_gid is None:
+            return False
+        if gid == self._admin_gid:
+            return True
+        try:
+            members = grp.getgrgid(self._admin_gid).gr_mem
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return False
+        return user in members
+
+    def _verify_token(self, method: str, path: str, rest: str, body: bytes) -> Identity:
+        assert self._secret is not None
+        fields = _fields(rest)
+        missing = {"ts", "nonce", "sig"} - fields.keys()
+        if missing:
+            raise AuthError(f"HPTOKEN credential lacks {', '.join(sorted(missing))}")
+        extra = fields.keys() - {"ts", "nonce", "sig", "node", "role"}
+        if extra:
+            raise AuthError(f"HPTOKEN credential has unknown field {sorted(extra)[0]!r}")
+        node = fields.get("node")
+        if node is not None and fields.get("role") is not None:
+            raise AuthError("HPTOKEN credential names both a node and a role")
+        if node is not None:
+            if not NODE_NAME.match(node):
+                raise AuthError("HPTOKEN credential names an invalid node")
+            subject = "node:" + node
+        elif fields.get("role") == "admin":
+            subject = "admin"
+        else:
+            raise AuthError("HPTOKEN credential names neither a node nor role=admin")
+        try:
+            stamped = float(fields["ts"])
+        except ValueError as exc:
+            raise AuthError("HPTOKEN timestamp is not a number") from exc
+        expected = token_signature(
+            derive_key(self._secret, subject),
+            subject,
+            method,
+            path,
+            fields["ts"],
+            fields["nonce"],
+            body,
+        )
+        if not hmac.compare_digest(expected, fields["sig"].lower()):
+            raise AuthError(f"bad HPTOKEN signature for {subject}")
+        self._check_fresh(stamped, "timestamp")
+        refused = self.replay.check_and_add(
+            f"token:{subject}:{fields['nonce']}", stamped, self.clock()
+        )
+        if refused:
+            raise AuthError(refused)
+        if node is not None:
+            return Identity(uid=-1, gid=-1, node=node, is_admin=False, method="token")
+        return Identity(uid=-1, gid=-1, node=None, is_admin=True, method="token")
+
+
+def _resolve_group(name: str) -> int:
+    if name.isdigit():
+        return int(name)
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError as exc:
+        raise ConfigError(f"auth.admin_group: no group named {name!r}") from exc
 
 
 class ClientAuth:
-    def __init__(self, config: AuthConfig, node: str | None = None) -> None:
+    """Makes the Authorization header for requests to the controller.
+
+    ``node`` is the node this client speaks for (an agent); None for admins.
+    """
+
+    def __init__(
+        self,
+        config: AuthConfig,
+        node: str | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.config = config
         self.node = node
+        self.clock = clock
+        self._key: bytes | None = None
+        if node is not None and not NODE_NAME.match(node):
+            raise ConfigError(f"invalid node name {node!r}")
+        if config.mode == "token":
+            self._key = self._load_key()
+
+    def _load_key(self) -> bytes:
+        if self.config.token_key_file is not None:
+            return read_key(self.config.token_key_file)
+        assert self.config.token_secret_file is not None
+        secret = read_secret(self.config.token_secret_file)
+        return derive_key(secret, self._subject())
+
+    def _subject(self) -> str:
+        return "node:" + self.node if self.node else "admin"
 
     def headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
-        return {}
+        """Headers that authenticate one request (raise AuthError if none can be made)."""
+        if self.config.mode == "none":
+            return {"Authorization": f"NONE node={self.node}" if self.node else "NONE"}
+        if self.config.mode == "munge":
+            claims = {
+                "v": PAYLOAD_VERSION,
+                "m": method.upper(),
+                "p": normalize_path(path),
+                "b": body_digest(body),
+                "t": round(self.clock(), 3),
+                "n": self.node,
+            }
+            payload = json.dumps(claims, separators=(",", ":")).encode()
+            try:
+                cred = _munge.encode(payload, self.config.munge_socket)
+            except _munge.MungeError as exc:
+                raise AuthError(f"cannot create a MUNGE credential: {exc}", 0) from exc
+            return {"Authorization": "MUNGE " + cred}
+        assert self._key is not None
+        ts = f"{self.clock():.3f}"
+        nonce = secrets.token_hex(16)
+        subject = self._subject()
+        sig = token_signature(self._key, subject, method, path, ts, nonce, body)
+        who = f"node={self.node}" if self.node else "role=admin"
+        return {"Authorization": f"HPTOKEN {who} ts={ts} nonce={nonce} sig={sig}"}

@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "events": "hyperpod_agent.admin.cli:events",
     "jobs": "hyperpod_agent.admin.cli:jobs",
     "checkpoint": "hyperpod_agent.checkpoint.cli:checkpoint",
+    "auth": "hyperpod_agent.admin.keys:auth",
 }
 
 

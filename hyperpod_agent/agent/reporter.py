@@ -1,8 +1,41 @@
-"""Agent -> controller reporting (placeholder until implemented)."""
+"""Agent -> controller reporting.
+
+:meth:`Reporter.publish` only stores the newest report and wakes a background thread,
+so the agent's probe cycle never waits for the network. The thread sends the full
+report when it changed (verdict, action, findings, opted-in jobs), a small heartbeat
+every ``heartbeat_interval_s`` otherwise, and retries with bounded exponential back-off
+and jitter. If the controller stays unreachable for ``self_drain_after_s`` while the
+node has an urgent fault, the agent drains its own node with an owned reason, so a
+controller outage never hides a dead GPU (DESIGN §1).
+"""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from hyperpod_agent.auth import AuthConfig, AuthError, ClientAuth
+from hyperpod_agent.client import (
+    ControllerClient,
+    ControllerError,
+    ControllerUnreachable,
+    check_url,
+)
+from hyperpod_agent.controller.reasons import Verb, format_reason
+from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.health import Action, NodeReport, Verdict
+
+log = logging.getLogger(__name__)
+
+Drainer = Callable[[str, str], None]
 
 
 class ReporterConfig(BaseModel):
@@ -10,4 +43,272 @@ class ReporterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: str = ""
+    url: str = Field(default="", description="controller URL; empty disables reporting")
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    heartbeat_interval_s: float = Field(default=30.0, gt=0, le=3600)
+    timeout_s: float = Field(default=5.0, gt=0, le=300)
+    backoff_initial_s: float = Field(default=1.0, gt=0, le=600)
+    backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    backoff_jitter: float = Field(default=0.2, ge=0, le=1, description="+- fraction")
+    self_drain: bool = True
+    self_drain_after_s: float = Field(default=120.0, gt=0)
+    slurm_conf: Path | None = None
+    slurm_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    ca_file: Path | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        if not value:
+            return ""
+        try:
+            return check_url(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _backoff(self) -> ReporterConfig:
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError(
+                f"backoff_max_s ({self.backoff_max_s:g}) is below "
+                f"backoff_initial_s ({self.backoff_initial_s:g})"
+            )
+        return self
+
+
+def fingerprint(report: NodeReport) -> tuple[Any, ...]:
+    """What makes a report worth sending again: everything but times, seq and prose."""
+    results = tuple(
+        (
+            r.probe,
+            r.status,
+            tuple((f.component, f.code, f.status, f.action, f.urgent) for f in r.findings),
+        )
+        for r in sorted(report.results, key=lambda r: r.probe)
+    )
+    return (
+        report.node,
+        report.agent_id,
+        report.verdict,
+        report.action,
+        report.urgent,
+        results,
+        tuple(sorted(report.jobs_opted_in.items())),
+    )
+
+
+def self_drain_reason(report: NodeReport) -> tuple[str, str]:
+    """(fault key, Slurm reason) for the most serious urgent finding of ``report``."""
+    findings = [f for r in report.results for f in r.findings if f.urgent]
+    action, component, code, message = report.action, "node", "fault", report.message
+    if findings:
+        worst = max(findings, key=lambda f: f.action.rank)
+        action, component, code, message = worst.action, worst.component, worst.code, worst.message
+    verb = {Action.RESET: Verb.RESET, Action.REBOOT: Verb.REBOOT, Action.REPLACE: Verb.REPLACE}
+    reason = format_reason(verb.get(action, Verb.DRAIN), component, code, message)
+    return f"{component} {code}", reason
+
+
+def _slurm_drainer(config: ReporterConfig) -> Drainer:
+    def drain(node: str, reason: str) -> None:
+        from hyperpod_agent.slurm.client import SlurmClient
+
+        SlurmClient(slurm_conf=config.slurm_conf, timeout=config.slurm_timeout_s).drain(
+            node, reason
+        )
+
+    return drain
+
+
+class Reporter:
+    """Sends an agent's reports and heartbeats to the controller from a thread."""
+
+    def __init__(
+        self,
+        config: ReporterConfig,
+        node: str,
+        *,
+        drainer: Drainer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.node = node
+        self.enabled = bool(config.url)
+        self._drain = drainer or _slurm_drainer(config)
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._pending: NodeReport | None = None
+        # Owned by the sending thread only:
+        self._sent: tuple[Any, ...] | None = None
+        self._resend = False
+        self._last_send = 0.0
+        self._retry_at = 0.0
+        self._attempt = 0
+        self._down_since: float | None = None
+        self._drained: set[str] = set()
+        self._drain_next = 0.0
+        self._state = "starting"
+        self._thread: threading.Thread | None = None
+        if not self.enabled:
+            log.info("no controller URL configured: not reporting")
+            return
+        auth = ClientAuth(config.auth, node)
+        self._client = ControllerClient(config.url, auth, config.timeout_s, ca_file=config.ca_file)
+        self._thread = threading.Thread(target=self._run, name="hyperpod-reporter", daemon=True)
+        self._thread.start()
+
+    def publish(self, report: NodeReport) -> None:
+        """Queue ``report`` for sending (replacing any unsent one); never blocks."""
+        if not self.enabled:
+            return
+        with self._lock:
+            self._pending = report
+        self._wake.set()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the sending thread; an unsent report is dropped."""
+        with self._lock:
+            self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def state(self) -> str:
+        """``starting``, ``ok``, ``unreachable`` or ``rejected``."""
+        return self._state
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if self._stopping:
+                    return
+                report = self._pending
+            now = self._clock()
+            try:
+                delay = self._next_due(report, now) - now
+                if delay <= 0:
+                    self._step(report, now)
+                    continue
+            except Exception:
+                # The loop must outlive any bug in one step; log it and go on slowly.
+                log.exception("reporter step failed")
+                self._retry_at = now + self.config.backoff_max_s
+                self._drain_next = now + self.config.backoff_max_s
+                delay = self.config.backoff_max_s
+            self._wake.wait(delay if report is not None else None)
+            self._wake.clear()
+
+    def _next_due(self, report: NodeReport | None, now: float) -> float:
+        if report is None:
+            return now + 3600.0
+        due = self._retry_at
+        if self._sent != fingerprint(report) or self._resend:
+            due = max(due, now)
+        else:
+            due = max(due, self._last_send + self.config.heartbeat_interval_s)
+        drain_at = self._self_drain_due(report)
+        return min(due, drain_at) if drain_at is not None else due
+
+    def _self_drain_due(self, report: NodeReport) -> float | None:
+        if not self._may_self_drain(report) or self._down_since is None:
+            return None
+        return max(self._down_since + self.config.self_drain_after_s, self._drain_next)
+
+    def _may_self_drain(self, report: NodeReport) -> bool:
+        return (
+            self.config.self_drain
+            and report.urgent
+            and report.verdict == Verdict.FAULTY
+            and self_drain_reason(report)[0] not in self._drained
+        )
+
+    def _step(self, report: NodeReport | None, now: float) -> None:
+        if report is None:
+            return
+        if report.verdict != Verdict.FAULTY:
+            self._drained.clear()
+        if now >= self._retry_at:
+            self._send(report, now)
+        due = self._self_drain_due(report)
+        if due is not None and now >= due:
+            self._self_drain(report, now)
+
+    def _send(self, report: NodeReport, now: float) -> None:
+        fp = fingerprint(report)
+        full = self._sent != fp or self._resend
+        try:
+            if full:
+                self._client.report(report.model_dump(mode="json"))
+            elif now >= self._last_send + self.config.heartbeat_interval_s:
+                sent_at = datetime.now(UTC).isoformat()
+                self._client.heartbeat(report.node, report.agent_id, report.seq, sent_at)
+            else:
+                return
+        except ControllerError as exc:
+            if exc.retryable:
+                self._failed(now, str(exc))
+                return
+            # The controller refused this report: sending it again at once would be
+            # refused again; try the full report at the heartbeat cadence.
+            self._set_state("rejected", f"controller refused the report from {self.node}: {exc}")
+            self._reachable(now)
+            self._sent, self._resend = fp, True
+            self._retry_at = now + self.config.heartbeat_interval_s
+            return
+        except (ControllerUnreachable, AuthError) as exc:
+            self._failed(now, str(exc))
+            return
+        if full:
+            self._sent, self._resend = fp, False
+        self._reachable(now)
+        self._set_state("ok", f"reporting to controller at {self.config.url}")
+
+    def _reachable(self, now: float) -> None:
+        self._last_send = now
+        self._attempt = 0
+        self._retry_at = 0.0
+        self._down_since = None
+
+    def _failed(self, now: float, why: str) -> None:
+        if self._down_since is None:
+            self._down_since = now
+        # The controller may have restarted and lost our state: resend in full.
+        self._resend = True
+        self._retry_at = now + self._backoff()
+        self._attempt += 1
+        self._set_state("unreachable", f"cannot report to the controller: {why}")
+
+    def _backoff(self) -> float:
+        cfg = self.config
+        base = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2.0 ** min(self._attempt, 30))
+        spread = base * cfg.backoff_jitter
+        return max(0.0, min(cfg.backoff_max_s, base + self._rng.uniform(-spread, spread)))
+
+    def _self_drain(self, report: NodeReport, now: float) -> None:
+        key, reason = self_drain_reason(report)
+        down = now - (self._down_since or now)
+        try:
+            self._drain(self.node, reason)
+        except Exception as exc:
+            # Includes a missing or broken Slurm client: never let it stop reporting.
+            self._drain_next = now + self.config.backoff_max_s
+            log.error("self-drain of %s failed (%s); will retry: %s", self.node, reason, exc)
+            return
+        self._drained.add(key)
+        log.warning(
+            "controller unreachable for %.0f s with an urgent fault: drained %s (%s)",
+            down,
+            self.node,
+            reason,
+        )
+
+    def _set_state(self, state: str, message: str) -> None:
+        if state == self._state:
+            return
+        self._state = state
+        log.log(logging.INFO if state == "ok" else logging.WARNING, "%s", message)

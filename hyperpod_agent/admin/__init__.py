@@ -1,0 +1,1 @@
+"""The ``hyperpod`` admin commands: a thin client of the controller API."""

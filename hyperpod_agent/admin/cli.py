@@ -1,0 +1,319 @@
+"""``hyperpod status|nodes|node|events|jobs``: the admin CLI, a thin client of the API.
+
+Every read takes ``--json`` (the controller's answer, unchanged); otherwise a human
+table. Errors are one line on stderr with a non-zero exit code.
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import json
+import re
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from hyperpod_agent.admin import render
+from hyperpod_agent.admin.config import resolve
+from hyperpod_agent.auth import ClientAuth
+from hyperpod_agent.client import ACTIONS, ControllerClient
+from hyperpod_agent.errors import HyperpodError
+
+F = TypeVar("F", bound=Callable[..., Any])
+NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+MAX_REASON = 160
+
+
+class CommandError(click.ClickException):
+    """A HyperpodError shown as one line, keeping its exit code."""
+
+    def __init__(self, exc: HyperpodError):
+        super().__init__(str(exc))
+        # click declares exit_code on the class; ours varies with the error.
+        setattr(self, "exit_code", exc.exit_code)  # noqa: B010
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"hyperpod: error: {self.message}", err=True)
+
+
+def one_line_errors(func: F) -> F:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except HyperpodError as exc:
+            raise CommandError(exc) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def connection_options(func: F) -> F:
+    """--url, --munge-socket, --config, --timeout (see admin/config.py for precedence)."""
+    options = [
+        click.option(
+            "--url", envvar="HYPERPOD_CONTROLLER_URL", help="Controller URL, http://HOST:PORT."
+        ),
+        click.option(
+            "--munge-socket",
+            envvar="HYPERPOD_MUNGE_SOCKET",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="munged socket used to prove who you are.",
+        ),
+        click.option(
+            "--config",
+            "config_file",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="admin.toml to read instead of /etc/hyperpod/admin.toml.",
+        ),
+        click.option(
+            "--timeout", type=click.FloatRange(min=0.1, max=600), help="Seconds per request."
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the raw JSON answer.")
+
+
+def make_client(
+    url: str | None, munge_socket: Path | None, config_file: Path | None, timeout: float | None
+) -> ControllerClient:
+    """A client for the configured controller, speaking as an admin (no node)."""
+    config = resolve(url=url, munge_socket=munge_socket, config_file=config_file, timeout=timeout)
+    return ControllerClient(
+        config.controller.url,
+        ClientAuth(config.auth),
+        config.controller.timeout_s,
+        ca_file=config.controller.ca_file,
+    )
+
+
+def _emit(doc: Any, as_json: bool, human: Callable[[Any], str]) -> None:
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(human(doc))
+
+
+def _rows(doc: Any) -> list[dict[str, Any]]:
+    if isinstance(doc, list):
+        return [row for row in doc if isinstance(row, dict)]
+    raise HyperpodError("controller sent an unexpected answer (expected a list)")
+
+
+def _obj(doc: Any) -> dict[str, Any]:
+    if isinstance(doc, dict):
+        return doc
+    raise HyperpodError("controller sent an unexpected answer (expected an object)")
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _node_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    if not NODE_NAME.match(value):
+        raise click.BadParameter(f"{value!r} is not a node name")
+    return value
+
+
+@click.command()
+@connection_options
+@json_option
+@one_line_errors
+def status(
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Cluster summary: nodes by state and verdict, faults, incident mode."""
+    doc = make_client(url, munge_socket, config_file, timeout).status()
+    _emit(doc, as_json, lambda d: render.status_text(_obj(d), _now()))
+
+
+@click.command()
+@connection_options
+@json_option
+@one_line_errors
+def nodes(
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Every node with its Slurm state, verdict and last report."""
+    doc = make_client(url, munge_socket, config_file, timeout).nodes()
+    _emit(doc, as_json, lambda d: render.nodes_table(_rows(d), _now()))
+
+
+@click.group()
+def node() -> None:
+    """Show one node or ask the controller to act on it."""
+
+
+@node.command("show")
+@click.argument("name", callback=_node_name)
+@connection_options
+@json_option
+@one_line_errors
+def node_show(
+    name: str,
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """A node's state, open faults and recent actions."""
+    doc = make_client(url, munge_socket, config_file, timeout).node(name)
+    _emit(doc, as_json, lambda d: render.node_detail(_obj(d), _now()))
+
+
+def _check_reason(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None and len(value) > MAX_REASON:
+        raise click.BadParameter(f"at most {MAX_REASON} characters (got {len(value)})")
+    if value is not None and not value.strip():
+        raise click.BadParameter("must not be empty")
+    return value
+
+
+def _action_command(action: str, help_text: str) -> click.Command:
+    @click.command(action, help=help_text)
+    @click.argument("name", callback=_node_name)
+    @click.option(
+        "--reason", callback=_check_reason, help="Why (recorded in the event log and in Slurm)."
+    )
+    @connection_options
+    @json_option
+    @one_line_errors
+    def command(
+        name: str,
+        reason: str | None,
+        url: str | None,
+        munge_socket: Path | None,
+        config_file: Path | None,
+        timeout: float | None,
+        as_json: bool,
+    ) -> None:
+        why = reason or f"requested by {getpass.getuser()}"
+        client = make_client(url, munge_socket, config_file, timeout)
+        doc = client.action(name, action, why)
+        _emit(doc, as_json, lambda d: _accepted(action, name, _obj(d)))
+
+    return command
+
+
+def _accepted(action: str, name: str, doc: dict[str, Any]) -> str:
+    text = f"{action} {name}: accepted as action {doc.get('action_id', '?')}"
+    if doc.get("reason"):
+        text += f" ({doc['reason']})"
+    if doc.get("dry_run"):
+        text += " [dry run: the controller will change nothing]"
+    return text
+
+
+_HELP = {
+    "drain": "Drain NAME: no new jobs; running jobs finish.",
+    "resume": "Resume NAME if the controller drained it.",
+    "reboot": "Drain NAME and reboot it when idle.",
+    "replace": "Take NAME out of service and bring in a replacement.",
+}
+for _action in ACTIONS:
+    node.add_command(_action_command(_action, _HELP[_action]))
+
+
+class SinceType(click.ParamType[datetime, Any]):
+    """``10m``, ``2h``, ``1d`` or an ISO 8601 time."""
+
+    name = "since"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime:
+        if isinstance(value, datetime):
+            return value
+        try:
+            return render.parse_since(str(value), _now())
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+@click.command()
+@click.option("--since", type=SinceType(), help="Only events after this: 10m, 2h, 1d or ISO.")
+@click.option("--node", "node_name", help="Only events about this node.")
+@click.option("--limit", type=click.IntRange(1, 1000), help="At most this many events.")
+@connection_options
+@json_option
+@one_line_errors
+def events(
+    since: datetime | None,
+    node_name: str | None,
+    limit: int | None,
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """The controller's event log: every decision with its cause."""
+    if node_name is not None and not NODE_NAME.match(node_name):
+        raise click.BadParameter(f"{node_name!r} is not a node name", param_hint="'--node'")
+    client = make_client(url, munge_socket, config_file, timeout)
+    doc = client.events(since=since.isoformat() if since else None, node=node_name, limit=limit)
+    _emit(doc, as_json, lambda d: render.events_table(_rows(d)))
+
+
+@click.group(invoke_without_command=True)
+@connection_options
+@json_option
+@click.pass_context
+@one_line_errors
+def jobs(
+    ctx: click.Context,
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Jobs that opted in to auto-resume, and what was done for them."""
+    if ctx.invoked_subcommand is not None:
+        return
+    doc = make_client(url, munge_socket, config_file, timeout).jobs()
+    _emit(doc, as_json, lambda d: render.jobs_table(_rows(d)))
+
+
+@jobs.command("show")
+@click.argument("job_id", type=click.IntRange(min=1))
+@connection_options
+@json_option
+@click.pass_context
+@one_line_errors
+def jobs_show(
+    ctx: click.Context,
+    job_id: int,
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """One job: auto-resume budget, events and actions."""
+    parent = ctx.parent.params if ctx.parent is not None else {}
+    client = make_client(
+        url or parent.get("url"),
+        munge_socket or parent.get("munge_socket"),
+        config_file or parent.get("config_file"),
+        timeout or parent.get("timeout"),
+    )
+    doc = client.job(job_id)
+    _emit(doc, as_json or bool(parent.get("as_json")), lambda d: render.job_detail(_obj(d)))

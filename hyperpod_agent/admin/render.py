@@ -1,0 +1,247 @@
+"""Pure text rendering of controller answers for humans (tables, details)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str, now: datetime) -> datetime:
+    """``10m``/``2h``/``3d`` before ``now``, or an ISO 8601 time (UTC if no zone)."""
+    match = _DURATION.match(text)
+    if match:
+        return now - timedelta(seconds=int(match.group(1)) * _UNIT_S[match.group(2)])
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"{text!r} is neither a duration (30s, 10m, 2h, 1d, 1w) nor an ISO 8601 time"
+        ) from None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)
+
+
+def timestamp(value: Any) -> str:
+    """An ISO time from the API as ``YYYY-MM-DD HH:MM:SS`` UTC; ``-`` when absent."""
+    when = _parse_time(value)
+    return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if when else "-"
+
+
+def age(value: Any, now: datetime) -> str:
+    """How long ago an ISO time was: ``42s``, ``5m``, ``3h``, ``2d``; ``-`` when absent."""
+    when = _parse_time(value)
+    if when is None:
+        return "-"
+    seconds = max(0, int((now - when).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def cell(value: Any) -> str:
+    """One table cell: ``-`` for nothing, lists joined, no line breaks."""
+    if value is None or value == "" or value == []:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return " ".join(str(value).split())
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """Left-aligned columns under upper-case headers; the last column is not padded."""
+    cells = [[h for h, _ in columns]] + [[cell(get(r)) for _, get in columns] for r in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    lines = []
+    for line in cells:
+        padded = [text.ljust(widths[i]) for i, text in enumerate(line[:-1])] + [line[-1]]
+        lines.append("  ".join(padded).rstrip())
+    return "\n".join(lines)
+
+
+def fields(pairs: Sequence[tuple[str, Any]]) -> str:
+    """``key: value`` lines with aligned values."""
+    width = max((len(k) for k, _ in pairs), default=0)
+    return "\n".join(f"{k + ':':<{width + 1}} {cell(v)}" for k, v in pairs)
+
+
+def _node_state(n: dict[str, Any]) -> str:
+    # Slurm's state may already carry its flags (IDLE+DRAIN); add only missing ones.
+    parts = str(n.get("state") or "-").split("+")
+    known = {p.upper() for p in parts}
+    for flag in n.get("flags") or []:
+        if str(flag).upper() not in known:
+            parts.append(str(flag))
+            known.add(str(flag).upper())
+    return "+".join(parts)
+
+
+def nodes_table(nodes: Sequence[dict[str, Any]], now: datetime) -> str:
+    """``hyperpod nodes``."""
+    return table(
+        nodes,
+        [
+            ("NODE", lambda n: n.get("name")),
+            ("STATE", _node_state),
+            ("VERDICT", lambda n: n.get("verdict")),
+            ("FAULTS", lambda n: n.get("open_faults")),
+            ("REPORT", lambda n: age(n.get("last_report_at"), now)),
+            ("HEARTBEAT", lambda n: age(n.get("last_heartbeat_at"), now)),
+            ("REASON", lambda n: n.get("reason")),
+        ],
+    )
+
+
+def status_text(s: dict[str, Any], now: datetime) -> str:
+    """``hyperpod status``."""
+
+    def counts(value: Any) -> str:
+        if not isinstance(value, dict) or not value:
+            return "-"
+        return " ".join(f"{k}={v}" for k, v in sorted(value.items()))
+
+    incident = "no"
+    if s.get("incident_mode"):
+        incident = f"YES: {s.get('incident_reason') or 'no reason given'}"
+    last = s.get("last_pass_at")
+    return fields(
+        [
+            ("nodes", s.get("nodes_total")),
+            ("by state", counts(s.get("by_state"))),
+            ("by verdict", counts(s.get("by_verdict"))),
+            ("open faults", s.get("open_faults")),
+            ("pending actions", s.get("pending_actions")),
+            ("incident mode", incident),
+            ("dry run", bool(s.get("dry_run"))),
+            ("last pass", f"{timestamp(last)} ({age(last, now)} ago)" if last else "never"),
+        ]
+    )
+
+
+def faults_table(faults: Sequence[dict[str, Any]]) -> str:
+    return table(
+        faults,
+        [
+            ("COMPONENT", lambda f: f.get("component")),
+            ("CODE", lambda f: f.get("code")),
+            ("SEVERITY", lambda f: f.get("severity")),
+            ("ACTION", lambda f: f.get("action")),
+            ("URGENT", lambda f: f.get("urgent")),
+            ("COUNT", lambda f: f.get("count")),
+            ("LAST SEEN", lambda f: timestamp(f.get("last_seen"))),
+            ("CLOSED", lambda f: timestamp(f.get("closed_at"))),
+            ("MESSAGE", lambda f: f.get("message")),
+        ],
+    )
+
+
+def actions_table(actions: Sequence[dict[str, Any]]) -> str:
+    return table(
+        actions,
+        [
+            ("ID", lambda a: a.get("id")),
+            ("KIND", lambda a: a.get("kind")),
+            ("NODE", lambda a: a.get("node")),
+            ("JOB", lambda a: a.get("job_id")),
+            ("STATE", lambda a: a.get("state")),
+            ("UPDATED", lambda a: timestamp(a.get("updated_at"))),
+            ("REASON", lambda a: a.get("reason") or a.get("cause")),
+        ],
+    )
+
+
+def events_table(events: Sequence[dict[str, Any]]) -> str:
+    """``hyperpod events``."""
+    return table(
+        events,
+        [
+            ("TIME", lambda e: timestamp(e.get("at"))),
+            ("KIND", lambda e: e.get("kind")),
+            ("NODE", lambda e: e.get("node")),
+            ("JOB", lambda e: e.get("job_id")),
+            ("CAUSE", lambda e: e.get("cause")),
+            ("MESSAGE", lambda e: e.get("message")),
+        ],
+    )
+
+
+def node_detail(n: dict[str, Any], now: datetime) -> str:
+    """``hyperpod node show``."""
+    parts = [
+        fields(
+            [
+                ("node", n.get("name")),
+                ("state", _node_state(n)),
+                ("reason", n.get("reason")),
+                ("partitions", n.get("partitions")),
+                ("verdict", n.get("verdict")),
+                ("agent", n.get("agent_id")),
+                ("last report", f"{timestamp(n.get('last_report_at'))}"),
+                ("last heartbeat", f"{timestamp(n.get('last_heartbeat_at'))}"),
+                ("open faults", n.get("open_faults")),
+            ]
+        )
+    ]
+    if n.get("faults"):
+        parts.append("Faults:\n" + faults_table(n["faults"]))
+    if n.get("actions"):
+        parts.append("Actions:\n" + actions_table(n["actions"]))
+    return "\n\n".join(parts)
+
+
+def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
+    """``hyperpod jobs``."""
+    return table(
+        jobs,
+        [
+            ("JOB", lambda j: j.get("job_id")),
+            ("STATE", lambda j: j.get("state")),
+            ("NODES", lambda j: j.get("nodes")),
+            ("RESTARTS", lambda j: j.get("restart_count")),
+            ("RESUMES", lambda j: f"{j.get('attempts', 0)}/{j.get('cap', '-')}"),
+            ("TRACKING", lambda j: j.get("tracking")),
+            ("LAST CAUSE", lambda j: j.get("last_cause")),
+        ],
+    )
+
+
+def job_detail(j: dict[str, Any]) -> str:
+    """``hyperpod jobs show``."""
+    parts = [
+        fields(
+            [
+                ("job", j.get("job_id")),
+                ("state", j.get("state")),
+                ("nodes", j.get("nodes")),
+                ("restart count", j.get("restart_count")),
+                ("auto-resume", f"{j.get('attempts', 0)} of {j.get('cap', '-')} used"),
+                ("tracking", j.get("tracking")),
+                ("last cause", j.get("last_cause")),
+                ("last requeue", timestamp(j.get("last_requeue_at"))),
+                ("resumed from step", j.get("resumed_from_step")),
+            ]
+        )
+    ]
+    if j.get("events"):
+        parts.append("Events:\n" + events_table(j["events"]))
+    if j.get("actions"):
+        parts.append("Actions:\n" + actions_table(j["actions"]))
+    return "\n\n".join(parts)

@@ -1,0 +1,199 @@
+"""HTTP client of the controller API (``/v1``), used by the agent and the admin CLI.
+
+Standard library only (urllib), so the agent needs no HTTP dependency. Every request is
+authenticated by a :class:`~hyperpod_agent.auth.ClientAuth`; every failure becomes a
+typed, one-line :class:`ControllerUnreachable` or :class:`ControllerError`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import ssl
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from hyperpod_agent import __version__
+from hyperpod_agent.auth import ClientAuth
+from hyperpod_agent.errors import ConfigError, HyperpodError
+
+ACTIONS = ("drain", "resume", "reboot", "replace")
+MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+
+
+class ControllerUnreachable(HyperpodError):
+    """No HTTP answer at all: connection refused, DNS failure, timeout."""
+
+    def __init__(self, url: str, why: str):
+        super().__init__(f"controller at {url} unreachable: {why}")
+        self.url = url
+        self.why = why
+
+
+class ControllerError(HyperpodError):
+    """The controller answered with an HTTP error; carries its code and message."""
+
+    def __init__(self, status: int, code: str, message: str):
+        super().__init__(f"{message} (HTTP {status}, {code})")
+        self.status = status
+        self.code = code
+        self.detail = message
+
+    @property
+    def retryable(self) -> bool:
+        """True when trying the same request later may succeed."""
+        return self.status >= 500 or self.status in (408, 429)
+
+
+def check_url(url: str) -> str:
+    """Return ``url`` without a trailing slash; raise ConfigError unless it is http(s)."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigError(f"controller URL {url!r}: expected http://HOST:PORT or https://…")
+    if parsed.query or parsed.fragment:
+        raise ConfigError(f"controller URL {url!r}: must not carry a query or fragment")
+    return url.rstrip("/")
+
+
+def _error_from_body(status: int, reason: str, raw: bytes) -> ControllerError:
+    try:
+        doc = json.loads(raw)
+        err = doc["error"]
+        return ControllerError(status, str(err["code"]), str(err["message"]))
+    except (ValueError, KeyError, TypeError):
+        pass
+    text = raw.decode(errors="replace").strip().splitlines()
+    first = text[0][:200] if text else (reason or "no body")
+    return ControllerError(status, "http_error", f"controller said: {first}")
+
+
+class ControllerClient:
+    """Talks to one controller. Thread-safe: it holds no connection state."""
+
+    def __init__(
+        self,
+        url: str,
+        auth: ClientAuth,
+        timeout: float = 10.0,
+        *,
+        ca_file: Path | None = None,
+    ) -> None:
+        self.url = check_url(url)
+        self.auth = auth
+        self.timeout = timeout
+        self._prefix = urllib.parse.urlsplit(self.url).path
+        self._context: ssl.SSLContext | None = None
+        if ca_file is not None:
+            self._context = ssl.create_default_context(cafile=str(ca_file))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        query: dict[str, str | int] | None = None,
+    ) -> Any:
+        """Send one request; return the decoded JSON answer (None for an empty body)."""
+        target = self._prefix + path
+        if query:
+            target += "?" + urllib.parse.urlencode(query)
+        body = b"" if payload is None else json.dumps(payload, default=str).encode()
+        headers = {
+            "Accept": "application/json",
+            "User-Agent": f"hyperpod/{__version__}",
+            **self.auth.headers(method, target, body),
+        }
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        full = self.url[: len(self.url) - len(self._prefix)] + target
+        req = urllib.request.Request(
+            full, data=body if payload is not None else None, headers=headers, method=method
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self._context) as resp:
+                raw = resp.read(MAX_RESPONSE_BYTES)
+        except urllib.error.HTTPError as exc:
+            with exc:
+                raw = exc.read(64 * 1024)
+            raise _error_from_body(exc.code, exc.reason, raw) from None
+        except urllib.error.URLError as exc:
+            raise ControllerUnreachable(self.url, _why(exc.reason)) from None
+        except TimeoutError:
+            raise ControllerUnreachable(self.url, f"timed out after {self.timeout:g} s") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ControllerUnreachable(self.url, _why(exc)) from None
+        if not raw.strip():
+            return None
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ControllerError(200, "bad_response", "controller sent invalid JSON") from None
+
+    def status(self) -> Any:
+        """``GET /v1/status``: cluster summary."""
+        return self.request("GET", "/v1/status")
+
+    def healthz(self) -> Any:
+        """``GET /v1/healthz``."""
+        return self.request("GET", "/v1/healthz")
+
+    def nodes(self) -> Any:
+        """``GET /v1/nodes``."""
+        return self.request("GET", "/v1/nodes")
+
+    def node(self, name: str) -> Any:
+        """``GET /v1/nodes/{name}``."""
+        return self.request("GET", f"/v1/nodes/{_seg(name)}")
+
+    def jobs(self) -> Any:
+        """``GET /v1/jobs``."""
+        return self.request("GET", "/v1/jobs")
+
+    def job(self, job_id: str | int) -> Any:
+        """``GET /v1/jobs/{id}``."""
+        return self.request("GET", f"/v1/jobs/{_seg(str(job_id))}")
+
+    def events(
+        self, since: str | None = None, node: str | None = None, limit: int | None = None
+    ) -> Any:
+        """``GET /v1/events`` filtered by time (ISO 8601), node and count."""
+        query: dict[str, str | int] = {}
+        if since:
+            query["since"] = since
+        if node:
+            query["node"] = node
+        if limit is not None:
+            query["limit"] = limit
+        return self.request("GET", "/v1/events", query=query or None)
+
+    def action(self, node: str, action: str, reason: str = "") -> Any:
+        """``POST /v1/nodes/{name}/actions``: ask the controller to act on a node."""
+        if action not in ACTIONS:
+            raise ValueError(f"unknown action {action!r}")
+        return self.request(
+            "POST", f"/v1/nodes/{_seg(node)}/actions", {"action": action, "reason": reason}
+        )
+
+    def report(self, report: dict[str, Any]) -> Any:
+        """``POST /v1/reports`` with a NodeReport in its JSON form."""
+        return self.request("POST", "/v1/reports", report)
+
+    def heartbeat(self, node: str, agent_id: str, seq: int, sent_at: str) -> Any:
+        """``POST /v1/heartbeats``."""
+        beat = {"node": node, "agent_id": agent_id, "seq": seq, "sent_at": sent_at}
+        return self.request("POST", "/v1/heartbeats", beat)
+
+
+def _seg(value: str) -> str:
+    return urllib.parse.quote(value, safe="")
+
+
+def _why(reason: object) -> str:
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return reason.strerror
+    return str(reason) or type(reason).__name__

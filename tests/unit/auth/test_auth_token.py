@@ -1,0 +1,223 @@
+"""Token mode: per-node keys derived from a cluster secret, replay and staleness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hyperpod_agent.auth import (
+    AuthConfig,
+    AuthError,
+    ClientAuth,
+    Identity,
+    ServerAuth,
+    derive_key,
+    require_admin,
+    require_node,
+)
+from hyperpod_agent.errors import ConfigError
+
+SECRET = b"s" * 48
+NOW = 1_800_000_000.0
+
+
+class Clock:
+    def __init__(self, now: float = NOW) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path) -> Path:
+    path = tmp_path / "cluster.secret"
+    path.write_bytes(SECRET + b"\n")
+    return path
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def server(secret_file: Path, clock: Clock) -> ServerAuth:
+    return ServerAuth(AuthConfig(mode="token", token_secret_file=secret_file), clock=clock)
+
+
+def node_client(tmp_path: Path, node: str, clock: Clock, secret: bytes = SECRET) -> ClientAuth:
+    key = tmp_path / f"{node}.key"
+    key.write_text(derive_key(secret, "node:" + node).hex() + "\n")
+    return ClientAuth(AuthConfig(mode="token", token_key_file=key), node, clock=clock)
+
+
+def admin_client(secret_file: Path, clock: Clock) -> ClientAuth:
+    return ClientAuth(AuthConfig(mode="token", token_secret_file=secret_file), clock=clock)
+
+
+def test_node_key_authenticates_its_node_only(
+    server: ServerAuth, tmp_path: Path, clock: Clock
+) -> None:
+    client = node_client(tmp_path, "node1", clock)
+    body = b'{"node": "node1"}'
+    ident = server.verify("POST", "/v1/reports", client.headers("POST", "/v1/reports", body), body)
+    assert ident == Identity(uid=-1, gid=-1, node="node1", is_admin=False, method="token")
+    require_node(ident, "node1")
+    with pytest.raises(AuthError, match="may not report for node node2") as info:
+        require_node(ident, "node2")
+    assert info.value.status == 403
+    with pytest.raises(AuthError, match="not an admin"):
+        require_admin(ident)
+
+
+def test_node_key_cannot_claim_another_node(
+    server: ServerAuth, tmp_path: Path, clock: Clock
+) -> None:
+    client = node_client(tmp_path, "node1", clock)
+    headers = client.headers("POST", "/v1/reports", b"{}")
+    forged = {"Authorization": headers["Authorization"].replace("node=node1", "node=node2")}
+    with pytest.raises(AuthError, match="bad HPTOKEN signature for node:node2") as info:
+        server.verify("POST", "/v1/reports", forged, b"{}")
+    assert info.value.status == 401
+
+
+def test_node_key_cannot_pose_as_admin(server: ServerAuth, tmp_path: Path, clock: Clock) -> None:
+    client = node_client(tmp_path, "node1", clock)
+    value = client.headers("POST", "/v1/nodes/node2/actions", b"{}")["Authorization"]
+    forged = {"Authorization": value.replace("node=node1", "role=admin")}
+    with pytest.raises(AuthError, match="bad HPTOKEN signature for admin"):
+        server.verify("POST", "/v1/nodes/node2/actions", forged, b"{}")
+
+
+def test_admin_key_derived_from_secret(server: ServerAuth, secret_file: Path, clock: Clock) -> None:
+    client = admin_client(secret_file, clock)
+    ident = server.verify("GET", "/v1/nodes", client.headers("GET", "/v1/nodes", b""), b"")
+    assert ident.is_admin and ident.node is None and ident.method == "token"
+    require_admin(ident)
+
+
+def test_key_from_another_secret_is_refused(
+    server: ServerAuth, tmp_path: Path, clock: Clock
+) -> None:
+    client = node_client(tmp_path, "node1", clock, secret=b"x" * 48)
+    with pytest.raises(AuthError, match="bad HPTOKEN signature"):
+        server.verify("GET", "/v1/status", client.headers("GET", "/v1/status", b""), b"")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/v1/reports", b"{}"),
+        ("POST", "/v1/heartbeats", b"{}"),
+        ("POST", "/v1/reports", b'{"x": 1}'),
+    ],
+)
+def test_signature_binds_method_path_and_body(
+    server: ServerAuth, tmp_path: Path, clock: Clock, method: str, path: str, body: bytes
+) -> None:
+    client = node_client(tmp_path, "node1", clock)
+    headers = client.headers("POST", "/v1/reports", b"{}")
+    with pytest.raises(AuthError, match="bad HPTOKEN signature"):
+        server.verify(method, path, headers, body)
+
+
+def test_query_string_is_not_bound(server: ServerAuth, secret_file: Path, clock: Clock) -> None:
+    client = admin_client(secret_file, clock)
+    headers = client.headers("GET", "/v1/events?limit=5", b"")
+    assert server.verify("GET", "/v1/events", headers, b"").is_admin
+
+
+def test_replayed_request_is_refused(server: ServerAuth, tmp_path: Path, clock: Clock) -> None:
+    client = node_client(tmp_path, "node1", clock)
+    headers = client.headers("POST", "/v1/heartbeats", b"{}")
+    server.verify("POST", "/v1/heartbeats", headers, b"{}")
+    clock.now += 1
+    with pytest.raises(AuthError, match="replayed credential") as info:
+        server.verify("POST", "/v1/heartbeats", headers, b"{}")
+    assert info.value.status == 401
+
+
+@pytest.mark.parametrize("offset", [-61.0, 61.0, -3600.0])
+def test_stale_or_future_request_is_refused(
+    server: ServerAuth, tmp_path: Path, clock: Clock, offset: float
+) -> None:
+    client = node_client(tmp_path, "node1", clock)
+    headers = client.headers("POST", "/v1/heartbeats", b"{}")
+    clock.now -= offset
+    with pytest.raises(AuthError, match=r"stale credential: timestamp is [+-]\d+ s off"):
+        server.verify("POST", "/v1/heartbeats", headers, b"{}")
+
+
+def test_request_within_skew_is_accepted(server: ServerAuth, tmp_path: Path, clock: Clock) -> None:
+    client = node_client(tmp_path, "node1", clock)
+    headers = client.headers("POST", "/v1/heartbeats", b"{}")
+    clock.now += 59
+    assert server.verify("POST", "/v1/heartbeats", headers, b"{}").node == "node1"
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (None, "missing Authorization header"),
+        ("", "missing Authorization header"),
+        ("Bearer abc", "expected an HPTOKEN credential, got scheme 'Bearer'"),
+        ("HPTOKEN node=node1 ts=1", "lacks nonce, sig"),
+        ("HPTOKEN node=node1 ts=1 nonce=a sig=b color=red", "unknown field 'color'"),
+        ("HPTOKEN ts=1 nonce=a sig=b", "neither a node nor role=admin"),
+        ("HPTOKEN role=root ts=1 nonce=a sig=b", "neither a node nor role=admin"),
+        ("HPTOKEN node=a role=admin ts=1 nonce=a sig=b", "both a node and a role"),
+        ("HPTOKEN node=../x ts=1 nonce=a sig=b", "invalid node"),
+        ("HPTOKEN node=n1 ts=soon nonce=a sig=b", "timestamp is not a number"),
+        ("HPTOKEN node=n1 ts ts=1", "malformed Authorization field 'ts'"),
+        ("HPTOKEN node=n1 node=n2 ts=1 nonce=a sig=b", "malformed Authorization field"),
+    ],
+)
+def test_malformed_headers_are_refused_precisely(
+    server: ServerAuth, value: str | None, message: str
+) -> None:
+    headers = {} if value is None else {"Authorization": value}
+    with pytest.raises(AuthError, match=message) as info:
+        server.verify("GET", "/v1/status", headers, b"")
+    assert info.value.status == 401
+
+
+def test_header_lookup_is_case_insensitive(
+    server: ServerAuth, secret_file: Path, clock: Clock
+) -> None:
+    value = admin_client(secret_file, clock).headers("GET", "/v1/status", b"")["Authorization"]
+    assert server.verify("GET", "/v1/status", {"authorization": value}, b"").is_admin
+
+
+def test_server_needs_the_secret(tmp_path: Path) -> None:
+    key = tmp_path / "k"
+    key.write_text("00" * 32)
+    with pytest.raises(ConfigError, match="the controller needs the secret"):
+        ServerAuth(AuthConfig(mode="token", token_key_file=key))
+
+
+def test_short_secret_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(b"short")
+    with pytest.raises(ConfigError, match=r"secret is 5 bytes, expected at least 32"):
+        ServerAuth(AuthConfig(mode="token", token_secret_file=path))
+
+
+def test_missing_secret_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "absent"
+    with pytest.raises(ConfigError, match=f"auth.token_secret_file {path}: No such file"):
+        ServerAuth(AuthConfig(mode="token", token_secret_file=path))
+
+
+@pytest.mark.parametrize("content", ["xyz", "00" * 31, ""])
+def test_bad_key_file_is_a_config_error(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "node.key"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match="expected 64 hex digits"):
+        ClientAuth(AuthConfig(mode="token", token_key_file=path), "node1")
+
+
+def test_invalid_client_node_name(secret_file: Path) -> None:
+    with pytest.raises(ConfigError, match="invalid node name"):
+        ClientAuth(AuthConfig(mode="token", token_secret_file=secret_file), "a b")
