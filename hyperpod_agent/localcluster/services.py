@@ -159,9 +159,15 @@ class Services:
         from hyperpod_agent.agent.config import AgentConfig
         from hyperpod_agent.controller.config import ControllerConfig
 
+        from hyperpod_agent.admin.config import AdminConfig
+
         etc = self.dir / "etc"
         ControllerConfig.model_validate(self.controller_config())
         (etc / "controller.toml").write_text(to_toml(self.controller_config()))
+        # What `hyperpod status/nodes/...` read (with HYPERPOD_LOCAL_CLUSTER_DIR=DIR).
+        admin = {"controller": {"url": self.controller_url}, "auth": self.auth()}
+        AdminConfig.model_validate(admin)
+        (etc / "admin.toml").write_text(to_toml(admin))
         (self.dir / "gpu").mkdir(exist_ok=True)
         for node in self.cluster.shape.all_names:
             AgentConfig.model_validate(self.agent_config(node))
