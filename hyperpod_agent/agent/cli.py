@@ -1,0 +1,93 @@
+"""``hyperpod agent run``: the node health agent's command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from hyperpod_agent.errors import HyperpodError
+
+
+def _setup_logging(level: str) -> None:
+    # journald adds its own timestamps; keep lines short.
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+@click.group()
+def agent() -> None:
+    """The node health agent."""
+
+
+@agent.command("run")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="agent.toml (default /etc/hyperpod/agent.toml if it exists)",
+)
+@click.option("--once", is_flag=True, help="run every probe once, write the cache, exit")
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def run(config_path: Path | None, once: bool, log_level: str) -> None:
+    """Run probes, keep the health cache, serve metrics, report to the controller.
+
+    Exits non-zero with one line if the configuration is invalid. With ``--once`` the
+    exit status is 1 when the node is faulty, else 0.
+    """
+    from hyperpod_agent.agent.config import DEFAULT_CONFIG_PATH, load_agent_config
+    from hyperpod_agent.agent.daemon import Agent, install_signal_handlers, make_reporter
+    from hyperpod_agent.health import Verdict
+
+    _setup_logging(log_level)
+    if config_path is None and DEFAULT_CONFIG_PATH.exists():
+        config_path = DEFAULT_CONFIG_PATH
+    config = load_agent_config(config_path)
+    the_agent = Agent(config, reporter=None if once else make_reporter(config))
+    if once:
+        try:
+            report = the_agent.run_once()
+        finally:
+            the_agent.close()
+        click.echo(
+            f"{report.node}: {report.verdict.value} action={report.action.value}"
+            f"{' urgent' if report.urgent else ''}: {report.message}"
+        )
+        sys.exit(1 if report.verdict == Verdict.FAULTY else 0)
+    install_signal_handlers(the_agent)
+    try:
+        the_agent.run()
+    finally:
+        the_agent.close()
+    logging.getLogger(__name__).info("agent stopped")
+
+
+def main() -> None:
+    """``python -m hyperpod_agent.agent.cli``: the agent without the ``hyperpod`` group."""
+    try:
+        agent.main(standalone_mode=False, prog_name="hyperpod agent")
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(1)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except HyperpodError as exc:
+        click.echo(f"hyperpod: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""agent.toml: the agent's whole configuration, validated at load.
+
+Every error names the file, the key path and what was expected, in one line, e.g.
+``agent.toml: probes.gpu.expected_count: Input should be a valid integer, got "eight"``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hyperpod_agent.agent.cache import DEFAULT_CACHE_PATH
+from hyperpod_agent.agent.reporter import ReporterConfig
+from hyperpod_agent.agent.verdict import VerdictConfig
+from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.probes.base import ProbeContext
+from hyperpod_agent.probes.registry import ProbesConfig
+
+DEFAULT_CONFIG_PATH = Path("/etc/hyperpod/agent.toml")
+DEFAULT_METRICS_PORT = 9817
+
+
+def _hostname() -> str:
+    # Slurm node names are short host names.
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+class MetricsConfig(BaseModel):
+    """``[metrics]``: the Prometheus endpoint. Loopback by default: exposing it to the
+    network is a site decision (set ``address = "0.0.0.0"``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = True
+    address: str = "127.0.0.1"
+    port: int = Field(default=DEFAULT_METRICS_PORT, ge=0, le=65535)
+
+
+class HealthCheckConfig(BaseModel):
+    """``[health_check]``: how ``hyperpod health-check`` judges the cache."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    stale_after_s: float = Field(default=60.0, gt=0, le=86400)
+    on_stale: Literal["fail", "warn"] = "fail"
+    degraded_fails: bool = False
+
+
+class AgentConfig(BaseModel):
+    """The top level of agent.toml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    node_name: str = Field(
+        default_factory=_hostname, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$"
+    )
+    cache_path: Path = DEFAULT_CACHE_PATH
+    cycle_s: float | None = Field(
+        default=None, gt=0, le=60, description="None: the shortest enabled probe interval"
+    )
+    sysfs_root: Path = Path("/sys")
+    procfs_root: Path = Path("/proc")
+    devfs_root: Path = Path("/dev")
+    state_dir: Path = Path("/run/hyperpod")
+    slurm_conf: str | None = None
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    verdict: VerdictConfig = Field(default_factory=VerdictConfig)
+    health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
+    probes: ProbesConfig = Field(default_factory=ProbesConfig)
+    controller: ReporterConfig = Field(default_factory=ReporterConfig)
+
+    def enabled_probes(self) -> dict[str, Any]:
+        """name -> probe config, for the enabled probes only."""
+        out: dict[str, Any] = {}
+        for name in type(self.probes).model_fields:
+            cfg = getattr(self.probes, name)
+            if cfg.enabled:
+                out[name] = cfg
+        return out
+
+    def effective_cycle_s(self) -> float:
+        """Seconds between verdicts: ``cycle_s`` or the shortest enabled interval."""
+        if self.cycle_s is not None:
+            return self.cycle_s
+        intervals = [c.interval_s for c in self.enabled_probes().values()]
+        return min(max(min(intervals, default=5.0), 0.2), 30.0)
+
+    def probe_context(self) -> ProbeContext:
+        """Where probes look on this node."""
+        return ProbeContext(
+            node_name=self.node_name,
+            sysfs_root=self.sysfs_root,
+            procfs_root=self.procfs_root,
+            devfs_root=self.devfs_root,
+            slurm_conf=self.slurm_conf,
+            state_dir=self.state_dir,
+        )
+
+    @model_validator(mode="after")
+    def _stale_after_covers_cycles(self) -> AgentConfig:
+        cycle = self.effective_cycle_s()
+        if self.health_check.stale_after_s < 2 * cycle:
+            raise ValueError(
+                f"health_check.stale_after_s ({self.health_check.stale_after_s:g}) must be at "
+                f"least twice the cycle ({cycle:g} s), or every slow cycle looks stale"
+            )
+        return self
+
+
+def _describe(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+    msg = str(err["msg"]).split(", unable to")[0].removeprefix("Value error, ")
+    value = err.get("input")
+    if err["type"] == "missing" or isinstance(value, dict | list):
+        return f"{where}: {msg}"
+    return f"{where}: {msg}, got {json.dumps(value, default=str)}"
+
+
+def format_validation_error(source: str, exc: ValidationError) -> str:
+    """One line: the source, the first bad key path, what was expected."""
+    errors = exc.errors()
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{source}: {_describe(errors[0])}{more}"
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; ConfigError naming the file on any failure."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def load_model(path: Path, model: type[M]) -> M:
+    """Load and validate ``path`` as ``model``; ConfigError with the key path."""
+    data = load_toml(path)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(str(path), exc)) from None
+
+
+def load_agent_config(path: Path | None) -> AgentConfig:
+    """Load agent.toml; defaults when ``path`` is None."""
+    if path is None:
+        return AgentConfig()
+    return load_model(path, AgentConfig)

@@ -1,0 +1,158 @@
+"""agent.toml loading: defaults, errors naming file and key, cross-field checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hyperpod_agent.agent.config import AgentConfig, load_agent_config
+from hyperpod_agent.errors import ConfigError
+
+
+def load(tmp_path: Path, text: str) -> AgentConfig:
+    path = tmp_path / "agent.toml"
+    path.write_text(text)
+    return load_agent_config(path)
+
+
+def error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load(tmp_path, text)
+    msg = str(info.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_empty_file_gives_defaults(tmp_path: Path) -> None:
+    cfg = load(tmp_path, "")
+    assert cfg.cache_path == Path("/run/hyperpod/health.json")
+    assert cfg.metrics.address == "127.0.0.1"
+    assert cfg.verdict.fail_after_runs == 2
+    assert cfg.node_name
+
+
+def test_none_path_gives_defaults() -> None:
+    assert load_agent_config(None) == AgentConfig()
+
+
+def test_full_example(tmp_path: Path) -> None:
+    cfg = load(
+        tmp_path,
+        """
+node_name = "node7"
+cache_path = "/tmp/h.json"
+cycle_s = 2
+[metrics]
+port = 9999
+[verdict]
+fail_after_runs = 3
+grace_s = 10
+[health_check]
+stale_after_s = 20
+on_stale = "warn"
+[probes.gpu]
+backend = "fake"
+fake_scenario = "/tmp/s.json"
+expected_count = 8
+xid_actions = { "13" = "MONITOR", "79" = { action = "REPLACE", urgent = true } }
+[probes.script]
+enabled = false
+""",
+    )
+    assert cfg.node_name == "node7" and cfg.probes.gpu.expected_count == 8
+    assert "script" not in cfg.enabled_probes()
+    assert cfg.effective_cycle_s() == 2
+    assert cfg.probes.gpu.xid_overrides()[79].urgent is True
+
+
+def test_wrong_type_names_file_key_and_value(tmp_path: Path) -> None:
+    msg = error(tmp_path, '[probes.gpu]\nexpected_count = "eight"\n')
+    assert msg == (
+        f"{tmp_path / 'agent.toml'}: probes.gpu.expected_count: "
+        'Input should be a valid integer, got "eight"'
+    )
+
+
+def test_unknown_key_is_an_error(tmp_path: Path) -> None:
+    msg = error(tmp_path, "[metrics]\nprot = 1\n")
+    assert "metrics.prot: Extra inputs are not permitted" in msg
+
+
+def test_unknown_probe_is_an_error(tmp_path: Path) -> None:
+    assert "probes.fpga" in error(tmp_path, "[probes.fpga]\nenabled = true\n")
+
+
+def test_cross_field_fake_backend(tmp_path: Path) -> None:
+    msg = error(tmp_path, '[probes.gpu]\nbackend = "fake"\n')
+    assert "probes.gpu: " in msg and "fake_scenario" in msg
+
+
+def test_stale_after_must_cover_two_cycles(tmp_path: Path) -> None:
+    msg = error(tmp_path, "cycle_s = 10\n[health_check]\nstale_after_s = 15\n")
+    assert "stale_after_s (15) must be at least twice the cycle (10 s)" in msg
+
+
+def test_invalid_toml_names_file(tmp_path: Path) -> None:
+    msg = error(tmp_path, "[metrics\n")
+    assert msg.startswith(str(tmp_path / "agent.toml")) and "invalid TOML" in msg
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_agent_config(tmp_path / "nope.toml")
+
+
+def test_multiple_errors_counted(tmp_path: Path) -> None:
+    assert "(and 1 more)" in error(tmp_path, '[metrics]\nport = -1\nenabled = "x"\n')
+
+
+def test_cycle_defaults_to_shortest_enabled_interval(tmp_path: Path) -> None:
+    cfg = load(tmp_path, "[probes.cpu]\ninterval_s = 1\n[probes.gpu]\ninterval_s = 5\n")
+    assert cfg.effective_cycle_s() == 1
+
+
+def test_frozen(tmp_path: Path) -> None:
+    cfg = load(tmp_path, "")
+    with pytest.raises(ValueError):
+        cfg.node_name = "x"
+
+
+def test_node_name_pattern(tmp_path: Path) -> None:
+    assert "node_name" in error(tmp_path, 'node_name = "bad name"\n')
+
+
+def test_bad_xid_action_names_key(tmp_path: Path) -> None:
+    msg = error(tmp_path, '[probes.gpu]\nxid_actions = { "79" = "EXPLODE" }\n')
+    assert "probes.gpu.xid_actions.79" in msg
+
+
+def test_bad_on_stale_value(tmp_path: Path) -> None:
+    msg = error(tmp_path, '[health_check]\non_stale = "maybe"\n')
+    assert "health_check.on_stale" in msg and '"maybe"' in msg
+
+
+def test_probe_interval_bounds(tmp_path: Path) -> None:
+    assert "probes.nic.interval_s" in error(tmp_path, "[probes.nic]\ninterval_s = 0\n")
+
+
+def test_metrics_port_range(tmp_path: Path) -> None:
+    assert "metrics.port" in error(tmp_path, "[metrics]\nport = 70000\n")
+
+
+def test_probe_context_uses_roots(tmp_path: Path) -> None:
+    cfg = load(tmp_path, 'node_name = "n9"\nsysfs_root = "/tmp/sys"\nprocfs_root = "/tmp/proc"\n')
+    ctx = cfg.probe_context()
+    assert (ctx.node_name, ctx.sysfs_root, ctx.procfs_root) == ("n9", Path("/tmp/sys"),
+                                                               Path("/tmp/proc"))
+
+
+def test_all_probes_disabled_cycle_defaults_to_five(tmp_path: Path) -> None:
+    text = "".join(f"[probes.{n}]\nenabled = false\n"
+                   for n in ("gpu", "nic", "disk", "cpu", "slurmd", "script"))
+    cfg = load(tmp_path, text)
+    assert cfg.enabled_probes() == {} and cfg.effective_cycle_s() == 5.0
+
+
+def test_controller_section_is_the_reporter_config(tmp_path: Path) -> None:
+    assert "controller.nope" in error(tmp_path, "[controller]\nnope = 1\n")
