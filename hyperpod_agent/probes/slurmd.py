@@ -166,7 +166,7 @@ class SlurmdProbe(Probe[SlurmdConfig]):
             env={**os.environ, "SLURMD_NODENAME": node},
         )
         try:
-            out = client.run([self.config.scontrol_bin, "show", "slurmd"])
+            out = client.show_slurmd(self.config.scontrol_bin)
         except SlurmTimeout:
             why = f"no answer within {self.config.command_timeout_s:g}s"
             return [_slurmd_fail("slurmd_unresponsive", why)], "slurmd not answering"

@@ -277,6 +277,12 @@ class SlurmClient:
 
     # --- controller --------------------------------------------------------------------------
 
+    def show_slurmd(self, scontrol: str = "scontrol") -> str:
+        """The local slurmd's own report (``scontrol show slurmd``): a round trip to
+        the slurmd of this host, or of the node named by SLURMD_NODENAME in ``env``
+        where several run on one host. ``scontrol`` names the binary (tests)."""
+        return self._run([scontrol, "show", "slurmd"])
+
     def ping(self) -> bool:
         """True when slurmctld answers (``scontrol ping``); False when down or too slow."""
         try:
