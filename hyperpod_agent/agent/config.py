@@ -68,6 +68,10 @@ class AgentConfig(BaseModel):
     devfs_root: Path = Path("/dev")
     state_dir: Path = Path("/run/hyperpod")
     slurm_conf: str | None = None
+    auto_resume_markers: Path | None = Field(
+        default=Path("/run/hyperpod/autoresume"),
+        description="the SPANK plugin's statedir: srun --auto-resume markers to forward",
+    )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     verdict: VerdictConfig = Field(default_factory=VerdictConfig)
     health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)

@@ -21,6 +21,7 @@ from typing import Any
 
 from hyperpod_agent.agent.cache import write_report
 from hyperpod_agent.agent.config import AgentConfig
+from hyperpod_agent.agent.markers import MarkerReader
 from hyperpod_agent.agent.metrics import AgentMetrics
 from hyperpod_agent.agent.verdict import NodeVerdict, VerdictConfig, VerdictEngine
 from hyperpod_agent.errors import HyperpodError
@@ -108,6 +109,11 @@ class Agent:
         self.stopping = threading.Event()
         self._last_state: tuple[str, str, str] | None = None
         self._probe_status: dict[str, Status] = {}
+        self.markers = (
+            MarkerReader(config.auto_resume_markers, config.node_name)
+            if config.auto_resume_markers is not None
+            else None
+        )
 
     def _observe(self, result: Any, ran: bool) -> None:
         self.metrics.observe(result, ran)
@@ -129,6 +135,7 @@ class Agent:
             urgent=nv.urgent,
             message=nv.message,
             results=results,
+            jobs_opted_in=self.markers.jobs() if self.markers is not None else {},
         )
 
     def finish_cycle(self) -> NodeReport:

@@ -125,6 +125,7 @@ class Services:
             "state_dir": str(self.cache(node).parent),
             "slurm_conf": str(self.cluster.slurm_conf),
             "sysfs_root": str(self.dir / "sys" / node),
+            "auto_resume_markers": str(self.dir / "autoresume"),
             "cycle_s": 1.0,
             "metrics": {"port": self.metrics_port(node)},
             "verdict": {"grace_s": 0.0},
