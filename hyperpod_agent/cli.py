@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "jobs": "hyperpod_agent.admin.cli:jobs",
     "checkpoint": "hyperpod_agent.checkpoint.cli:checkpoint",
     "auth": "hyperpod_agent.admin.keys:auth",
+    "provision": "hyperpod_agent.provision.cli:provision",
 }
 
 

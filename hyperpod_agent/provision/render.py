@@ -1,0 +1,264 @@
+"""Pure renderers: the content of every file provisioning writes. No I/O here."""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import tomllib
+import urllib.parse
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from hyperpod_agent.localcluster.render import JOB_SUBMIT_LUA
+from hyperpod_agent.provision.layout import Layout
+from hyperpod_agent.provision.models import ProvisioningParameters, WorkerGroup, describe_errors
+
+HEADER = "Written by `hyperpod provision` from provisioning_parameters.json; edits are replaced."
+JOB_SUBMIT = JOB_SUBMIT_LUA
+# A job_submit.lua carrying this line is ours to replace; any other one is the site's.
+JOB_SUBMIT_MARKER = "Installed by hyperpod"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+# --- TOML ---------------------------------------------------------------------------------
+
+
+def _toml_key(key: str) -> str:
+    bare = key and all(c.isalnum() or c in "_-" for c in key)
+    return key if bare else json.dumps(key)
+
+
+def _toml_value(value: Any, where: str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v, where) for v in value) + "]"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{_toml_key(k)} = {_toml_value(v, where)}" for k, v in value.items())
+        return "{ " + inner + " }" if inner else "{}"
+    if value is None:
+        raise ValueError(f"{where}: null has no TOML form; leave the key out instead")
+    raise ValueError(f"{where}: cannot write a {type(value).__name__} to TOML")
+
+
+def to_toml(data: Mapping[str, Any], header: str = HEADER) -> str:
+    """Render nested dicts as TOML: plain keys first, then one ``[table]`` per dict."""
+    lines = [f"# {header}"] if header else []
+
+    def table(path: list[str], body: Mapping[str, Any]) -> None:
+        plain = {k: v for k, v in body.items() if not isinstance(v, Mapping)}
+        subs = {k: v for k, v in body.items() if isinstance(v, Mapping)}
+        if path and (plain or not subs):
+            lines.append("")
+            lines.append("[" + ".".join(_toml_key(p) for p in path) + "]")
+        for key, value in plain.items():
+            where = ".".join([*path, key])
+            lines.append(f"{_toml_key(key)} = {_toml_value(value, where)}")
+        for key, value in subs.items():
+            table([*path, key], value)
+
+    table([], data)
+    return "\n".join(lines) + "\n"
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` wins; nested dicts merge key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# --- config files ---------------------------------------------------------------------------
+
+
+def agent_config_data(
+    params: ProvisioningParameters, node: str, group: WorkerGroup | None, layout: Layout
+) -> dict[str, Any]:
+    """agent.toml for ``node``, before validation: generated keys plus agent_overrides."""
+    data: dict[str, Any] = {
+        "node_name": node,
+        "cache_path": str(layout.run_dir / "health.json"),
+        "state_dir": str(layout.run_dir),
+        "controller": {"url": params.controller_url},
+    }
+    gpus = group.expected_gpu_count() if group is not None else None
+    if gpus == 0:
+        data["probes"] = {"gpu": {"enabled": False}}
+    elif gpus is not None:
+        data["probes"] = {"gpu": {"expected_count": gpus}}
+    return deep_merge(data, params.agent_overrides)
+
+
+def controller_config_data(params: ProvisioningParameters, layout: Layout) -> dict[str, Any]:
+    """controller.toml, before validation: generated keys plus controller_overrides."""
+    url = urllib.parse.urlsplit(params.controller_url)
+    # Listen where the URL points: loopback stays private, a real name needs every address.
+    host = "127.0.0.1" if url.hostname in LOOPBACK_HOSTS else "0.0.0.0"
+    data: dict[str, Any] = {
+        "listen_host": host,
+        "listen_port": url.port,
+        "state_db": str(layout.state_dir / "controller.db"),
+        "slurm_conf": str(layout.slurm_conf_dir / "slurm.conf"),
+    }
+    return deep_merge(data, params.controller_overrides)
+
+
+def admin_config_data(params: ProvisioningParameters) -> dict[str, Any]:
+    """admin.toml: where the admin CLI finds the controller, and how it authenticates."""
+    auth = params.controller_overrides.get("auth")
+    data: dict[str, Any] = {"controller": {"url": params.controller_url}}
+    if isinstance(auth, Mapping):
+        # The client side of the controller's auth; the server-only keys stay out.
+        client = {k: auth[k] for k in ("mode", "munge_socket") if k in auth}
+        if client:
+            data["auth"] = client
+    return data
+
+
+def _model(name: str) -> type[BaseModel] | None:
+    """The config model of a component, imported lazily (None if it is not installed)."""
+    try:
+        if name == "agent":
+            from hyperpod_agent.agent.config import AgentConfig
+
+            return AgentConfig
+        if name == "controller":
+            from hyperpod_agent.controller.config import ControllerConfig
+
+            return ControllerConfig
+        from hyperpod_agent.admin.config import AdminConfig
+
+        return AdminConfig
+    except ImportError:
+        return None
+
+
+def render_config(name: str, data: Mapping[str, Any], source: str, key: str) -> str:
+    """TOML for ``data`` after validating it with the component's own model.
+
+    Raises ValueError with one line per problem, each naming ``source`` and ``key``.
+    """
+    try:
+        text = to_toml(data)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {key}.{exc}") from None
+    if tomllib.loads(text) != json.loads(json.dumps(data, default=str)):
+        raise ValueError(f"{source}: {key}: does not survive a TOML round trip")
+    model = _model(name)
+    if model is not None:
+        try:
+            model.model_validate(tomllib.loads(text))
+        except ValidationError as exc:
+            lines = describe_errors(source, exc)
+            raise ValueError(
+                "\n".join(line.replace(f"{source}: ", f"{source}: {key}.", 1) for line in lines)
+            ) from None
+    return text
+
+
+def check_overrides(params: ProvisioningParameters, source: str) -> list[str]:
+    """Problems with agent_overrides / controller_overrides, validated on a sample node."""
+    layout = Layout.for_params(params, None)
+    group = params.worker_groups[0]
+    checks: list[tuple[str, str, Callable[[], Mapping[str, Any]]]] = [
+        (
+            "agent",
+            "agent_overrides",
+            lambda: agent_config_data(params, group.nodes[0], group, layout),
+        ),
+        ("controller", "controller_overrides", lambda: controller_config_data(params, layout)),
+    ]
+    problems: list[str] = []
+    for name, key, make in checks:
+        try:
+            render_config(name, make(), source, key)
+        except ValueError as exc:
+            problems.extend(str(exc).splitlines())
+    return problems
+
+
+# --- Slurm ----------------------------------------------------------------------------------
+
+
+def plugstack_line(params: ProvisioningParameters, layout: Layout) -> str:
+    """The plugin named explicitly: configless slurmd does not expand wildcards."""
+    ar = params.slurm.auto_resume
+    args = [f"statedir={layout.statedir}"]
+    if ar.checkpoint_root:
+        args.append(f"checkpoint_root={ar.checkpoint_root}")
+    if ar.max is not None:
+        args.append(f"max={ar.max}")
+    if ar.default is not None:
+        args.append(f"default={ar.default}")
+    # 'required': a plugin that fails to load makes sbatch/srun fail loudly instead of
+    # silently dropping --auto-resume.
+    return f"required {layout.plugin} {' '.join(args)}\n"
+
+
+def hyperpod_conf(params: ProvisioningParameters, layout: Layout) -> str:
+    """slurm.conf include: health check, reboot, job_submit.lua and the slurmctld epilog."""
+    s = params.slurm
+    lines = [
+        f"# {HEADER}",
+        f"HealthCheckProgram={layout.libexec / 'health-check'}",
+        f"HealthCheckInterval={s.health_check_interval}",
+        "HealthCheckNodeState=ANY",
+        f"RebootProgram={s.reboot_program}",
+        # job_submit.lua (next to slurm.conf) copies --auto-resume into admin_comment.
+        "JobSubmitPlugins=lua",
+        f"EpilogSlurmctld={layout.libexec / 'epilog-slurmctld'}",
+    ]
+    if s.cred_expire is not None:
+        # A requeued job waits cred_expire + 1 s before it may start again (DESIGN §4).
+        lines.append(f"AuthInfo=cred_expire={s.cred_expire}")
+    return "\n".join(lines) + "\n"
+
+
+def health_check_script(layout: Layout) -> str:
+    """HealthCheckProgram takes no arguments, so a wrapper supplies them."""
+    argv = [str(layout.hyperpod_bin), "health-check", "--config", str(layout.etc / "agent.toml")]
+    return f"#!/bin/sh\n# {HEADER}\nexec {shlex.join(argv)}\n"
+
+
+def epilog_script(layout: Layout) -> str:
+    """EpilogSlurmctld: one line per finished job; never fails the job."""
+    log = shlex.quote(str(layout.log_dir / "job_end.log"))
+    return (
+        f"#!/bin/sh\n# {HEADER}\n"
+        "printf '%s job=%s auto_resume=%s exit=%s\\n' \"$(date +%s.%N)\" "
+        f'"$SLURM_JOB_ID" "${{SPANK_AUTO_RESUME:-}}" "${{SLURM_JOB_EXIT_CODE2:-}}" >> {log}\n'
+        "exit 0\n"
+    )
+
+
+def unit_dropin(executable: Path, config: Path) -> str:
+    """A systemd drop-in pointing the shipped unit at the provisioned venv and config.
+
+    The unit file is copied verbatim; only ExecStart differs per install, and a drop-in
+    is systemd's way to change it without editing the unit.
+    """
+    argv = shlex.join([str(executable), "--config", str(config)])
+    return f"# {HEADER}\n[Service]\nExecStart=\nExecStart={argv}\n"
+
+
+def fstab_block(params: ProvisioningParameters) -> str:
+    """fstab lines for the shared filesystems (empty when there are none)."""
+    return "".join(f"{m.source} {m.path} {m.fs_type()} {m.options} 0 0\n" for m in params.mounts)

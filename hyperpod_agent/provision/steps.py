@@ -1,0 +1,373 @@
+"""Provisioning steps: each compares one desired result with what is there, and changes
+only what differs. ``inspect`` never writes; ``apply`` is only called after ``inspect``
+found a difference.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+BEGIN = "# BEGIN hyperpod (managed by `hyperpod provision`; edit provisioning_parameters.json)"
+END = "# END hyperpod"
+COMMAND_TIMEOUT_S = 60.0
+
+
+class StepError(Exception):
+    """A step could not inspect or reach its desired state; the message says why."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """What a step would change: a short summary and, for files, a unified diff."""
+
+    summary: str
+    diff: str = ""
+
+
+@dataclass
+class Context:
+    """State shared by the steps of one run."""
+
+    dry_run: bool = False
+    changed: set[str] = field(default_factory=set)
+    env: dict[str, str] | None = None
+
+
+def run_command(
+    argv: list[str], timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (never a shell) with a timeout; StepError if it cannot start or hangs."""
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd, check=False
+        )
+    except FileNotFoundError:
+        raise StepError(f"{argv[0]}: command not found") from None
+    except subprocess.TimeoutExpired:
+        raise StepError(f"{' '.join(argv[:3])}: timed out after {timeout:g} s") from None
+
+
+def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
+    text = (proc.stderr or proc.stdout or "").strip().splitlines()
+    return text[-1] if text else "no output"
+
+
+class Step(ABC):
+    """One desired result."""
+
+    name: str
+    network: bool = False  # retried with back-off: it talks to the network
+    optional: bool = False  # a failure is logged and provisioning goes on
+
+    @abstractmethod
+    def inspect(self, ctx: Context) -> Change | None:
+        """What differs from the desired result; None when nothing does."""
+
+    @abstractmethod
+    def apply(self, ctx: Context) -> None:
+        """Reach the desired result."""
+
+
+# --- files ----------------------------------------------------------------------------------
+
+
+def _read(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StepError(f"{path}: cannot read: {exc.strerror}") from None
+
+
+def _diff(path: Path, old: bytes | None, new: bytes) -> str:
+    try:
+        a = (old or b"").decode().splitlines(keepends=True)
+        b = new.decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return f"binary {path}: sha256 {_sha(old)} -> {_sha(new)}\n"
+    return "".join(difflib.unified_diff(a, b, f"{path} (current)", f"{path} (desired)"))
+
+
+def _sha(data: bytes | None) -> str:
+    return hashlib.sha256(data).hexdigest()[:12] if data is not None else "(none)"
+
+
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
+    """Write a file so readers see the old or the new content, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Directory(Step):
+    def __init__(self, path: Path, mode: int = 0o755) -> None:
+        self.path, self.mode, self.name = path, mode, f"directory {path}"
+
+    def inspect(self, ctx: Context) -> Change | None:
+        if not self.path.is_dir():
+            return Change("create")
+        current = self.path.stat().st_mode & 0o7777
+        return None if current == self.mode else Change(f"mode {current:04o} -> {self.mode:04o}")
+
+    def apply(self, ctx: Context) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path, self.mode)
+
+
+class File(Step):
+    """A whole file with given content and mode."""
+
+    def __init__(
+        self, path: Path, content: str | bytes, mode: int = 0o644, owned_marker: str | None = None
+    ) -> None:
+        self.path, self.mode, self.name = path, mode, f"file {path}"
+        self._content = content.encode() if isinstance(content, str) else content
+        self.owned_marker = owned_marker
+        self.keep_mode = False  # an existing file keeps its mode (we only add lines to it)
+
+    def desired(self, current: bytes | None) -> bytes:
+        """The content the file should have, given what it holds now."""
+        return self._content
+
+    def inspect(self, ctx: Context) -> Change | None:
+        current = _read(self.path)
+        if current is not None and self.owned_marker is not None:
+            if self.owned_marker.encode() not in current and current != self.desired(current):
+                raise StepError(
+                    f"{self.path} exists and was not written by hyperpod; merge it by hand "
+                    f"or move it away"
+                )
+        desired = self.desired(current)
+        if current is None:
+            return Change(f"create (mode {self.mode:04o})", _diff(self.path, None, desired))
+        parts = []
+        if current != desired:
+            parts.append("update content")
+        mode = self.path.stat().st_mode & 0o7777
+        if mode != self.mode and not self.keep_mode:
+            parts.append(f"mode {mode:04o} -> {self.mode:04o}")
+        if not parts:
+            return None
+        return Change(
+            ", ".join(parts), _diff(self.path, current, desired) if current != desired else ""
+        )
+
+    def apply(self, ctx: Context) -> None:
+        current = _read(self.path)
+        mode = self.mode
+        if self.keep_mode and current is not None:
+            mode = self.path.stat().st_mode & 0o7777
+        write_atomic(self.path, self.desired(current), mode)
+
+
+class CopyFile(File):
+    """A file whose content comes from another file, read when the step runs (it may be
+    built by an earlier step)."""
+
+    def __init__(self, source: Path, path: Path, mode: int = 0o644) -> None:
+        super().__init__(path, b"", mode)
+        self.source = source
+
+    def desired(self, current: bytes | None) -> bytes:
+        data = _read(self.source)
+        if data is None:
+            raise StepError(f"{self.source}: no such file")
+        return data
+
+    def inspect(self, ctx: Context) -> Change | None:
+        if ctx.dry_run and not self.source.exists():
+            return Change(f"install from {self.source} once it is built")
+        return super().inspect(ctx)
+
+
+class ManagedBlock(File):
+    """Our lines inside a file someone else owns, between BEGIN/END markers, at its end."""
+
+    def __init__(self, path: Path, block: str, mode: int = 0o644, must_exist: bool = False):
+        super().__init__(path, b"", mode)
+        self.block, self.must_exist = block, must_exist
+        self.keep_mode = True  # the file is the site's: keep its mode
+        self.name = f"block in {path}"
+
+    def desired(self, current: bytes | None) -> bytes:
+        text = (current or b"").decode()
+        lines = text.splitlines()
+        if BEGIN in lines:
+            start = lines.index(BEGIN)
+            end = lines.index(END, start) if END in lines[start:] else len(lines) - 1
+            lines = lines[:start] + lines[end + 1 :]
+        kept = "\n".join(lines).rstrip("\n")
+        body = f"{BEGIN}\n{self.block.rstrip(chr(10))}\n{END}\n" if self.block.strip() else ""
+        out = (kept + "\n" if kept else "") + (("\n" if kept and body else "") + body)
+        return out.encode()
+
+    def inspect(self, ctx: Context) -> Change | None:
+        if self.must_exist and not self.path.exists():
+            raise StepError(f"{self.path}: no such file (Slurm must be configured first)")
+        if not self.path.exists() and not self.block.strip():
+            return None
+        return super().inspect(ctx)
+
+
+class Symlink(Step):
+    def __init__(self, path: Path, target: str) -> None:
+        self.path, self.target, self.name = path, target, f"symlink {path}"
+
+    def inspect(self, ctx: Context) -> Change | None:
+        if self.path.is_symlink():
+            current = os.readlink(self.path)
+            return None if current == self.target else Change(f"{current} -> {self.target}")
+        if self.path.exists():
+            return Change(f"replace a non-link with a link to {self.target}")
+        return Change(f"link to {self.target}")
+
+    def apply(self, ctx: Context) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.unlink(missing_ok=True)
+        os.symlink(self.target, tmp)
+        os.replace(tmp, self.path)
+
+
+# --- commands -------------------------------------------------------------------------------
+
+
+class InstallPackage(Step):
+    """A venv with the package installed; a marker records what was installed."""
+
+    network = True
+
+    def __init__(self, venv: Path, spec: str, python: str, timeout: float = 900.0) -> None:
+        self.venv, self.spec, self.python, self.timeout = venv, spec, python, timeout
+        self.name = f"install {spec} into {venv}"
+        self.marker = venv / ".hyperpod-installed"
+
+    def _wanted(self) -> str:
+        spec = Path(self.spec)
+        digest = _sha(spec.read_bytes()) if spec.is_file() else ""
+        return f"{self.spec} {digest}".strip() + "\n"
+
+    def inspect(self, ctx: Context) -> Change | None:
+        current = _read(self.marker)
+        if (self.venv / "bin" / "python").exists() and current == self._wanted().encode():
+            return None
+        return Change("create venv and pip install" if current is None else "reinstall")
+
+    def apply(self, ctx: Context) -> None:
+        if not (self.venv / "bin" / "python").exists():
+            self._run([self.python, "-m", "venv", str(self.venv)], COMMAND_TIMEOUT_S)
+        pip = [str(self.venv / "bin" / "python"), "-m", "pip", "install", "--upgrade", self.spec]
+        self._run(pip, self.timeout)
+        write_atomic(self.marker, self._wanted().encode(), 0o644)
+
+    def _run(self, argv: list[str], timeout: float) -> None:
+        proc = run_command(argv, timeout)
+        if proc.returncode != 0:
+            raise StepError(f"{' '.join(argv[:4])}: exit {proc.returncode}: {_last_line(proc)}")
+
+
+class Build(Step):
+    """``make -C DIR``; up to date when ``make -q`` says so."""
+
+    def __init__(self, directory: Path, timeout: float = 300.0) -> None:
+        self.dir, self.timeout, self.name = directory, timeout, f"build {directory}"
+
+    def inspect(self, ctx: Context) -> Change | None:
+        if not (self.dir / "Makefile").is_file():
+            raise StepError(f"{self.dir}/Makefile: no such file (is --source the repository?)")
+        proc = run_command(["make", "-q", "-C", str(self.dir)], COMMAND_TIMEOUT_S, ctx.env)
+        return None if proc.returncode == 0 else Change("make")
+
+    def apply(self, ctx: Context) -> None:
+        proc = run_command(["make", "-C", str(self.dir)], self.timeout, ctx.env)
+        if proc.returncode != 0:
+            raise StepError(f"make -C {self.dir}: exit {proc.returncode}: {_last_line(proc)}")
+
+
+class SystemdEnable(Step):
+    """A unit enabled and running; restarted when a step it depends on changed."""
+
+    def __init__(self, unit: str, restart_on: list[str], timeout: float = 30.0) -> None:
+        self.unit, self.restart_on, self.timeout = unit, restart_on, timeout
+        self.name = f"enable {unit}"
+
+    def _query(self, verb: str) -> str:
+        proc = run_command(["systemctl", verb, self.unit], self.timeout)
+        return proc.stdout.strip()
+
+    def inspect(self, ctx: Context) -> Change | None:
+        needs = []
+        if self._query("is-enabled") != "enabled":
+            needs.append("enable")
+        if self._query("is-active") != "active":
+            needs.append("start")
+        elif ctx.changed & set(self.restart_on):
+            needs.append("restart (its files changed)")
+        return Change(", ".join(needs)) if needs else None
+
+    def apply(self, ctx: Context) -> None:
+        restart = bool(ctx.changed & set(self.restart_on))
+        for argv in (
+            ["daemon-reload"],
+            ["enable", self.unit],
+            ["restart" if restart else "start", self.unit],
+        ):
+            proc = run_command(["systemctl", *argv], self.timeout)
+            if proc.returncode != 0:
+                raise StepError(f"systemctl {' '.join(argv)}: {_last_line(proc)}")
+
+
+def mounted(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
+    """Whether ``path`` is a mount point (field 5 of mountinfo)."""
+    try:
+        text = mountinfo.read_text()
+    except OSError:
+        return False
+    return any(line.split()[4:5] == [path] for line in text.splitlines())
+
+
+class Mount(Step):
+    """A shared filesystem mounted at its fstab entry's path."""
+
+    network = True
+
+    def __init__(
+        self,
+        path: str,
+        required: bool,
+        timeout: float = 120.0,
+        is_mounted: Callable[[str], bool] = mounted,
+    ) -> None:
+        self.path, self.optional, self.timeout = path, not required, timeout
+        self.is_mounted = is_mounted
+        self.name = f"mount {path}"
+
+    def inspect(self, ctx: Context) -> Change | None:
+        return None if self.is_mounted(self.path) else Change("mount")
+
+    def apply(self, ctx: Context) -> None:
+        Path(self.path).mkdir(parents=True, exist_ok=True)
+        proc = run_command(["mount", self.path], self.timeout)
+        if proc.returncode != 0:
+            raise StepError(f"mount {self.path}: exit {proc.returncode}: {_last_line(proc)}")
