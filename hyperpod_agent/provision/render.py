@@ -97,6 +97,8 @@ def agent_config_data(
         "node_name": node,
         "cache_path": str(layout.run_dir / "health.json"),
         "state_dir": str(layout.run_dir),
+        # Where the SPANK plugin leaves srun --auto-resume markers for the agent.
+        "auto_resume_markers": str(layout.statedir),
         "controller": {"url": params.controller_url},
     }
     gpus = group.expected_gpu_count() if group is not None else None
