@@ -11,6 +11,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from hyperpod_agent.admin import cli as admin_cli
 from hyperpod_agent.admin.cli import events, jobs, node, nodes, status
 
 if TYPE_CHECKING:
@@ -18,6 +19,14 @@ if TYPE_CHECKING:
 
 NOW = datetime.now(UTC)
 ISO = (NOW - timedelta(seconds=42)).isoformat()
+
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    # "42s ago" must not depend on how long the suite took to reach this test.
+    monkeypatch.setattr(admin_cli, "_now", lambda: NOW)
+
 
 STATUS = {
     "nodes_total": 5,
@@ -103,7 +112,7 @@ def test_status_human(stub: Stub) -> None:
     assert "nodes:           5" in result.output
     assert "by verdict:      faulty=1 healthy=4" in result.output
     assert "incident mode:   no" in result.output
-    assert "(42s ago)" in result.output or "(43s ago)" in result.output
+    assert "(42s ago)" in result.output
     assert stub.seen[0].identity.is_admin
 
 
