@@ -42,3 +42,26 @@ def local_cluster() -> Iterator[object]:
         yield cluster
     finally:
         cluster.down()
+
+
+SERVICE_CLUSTER_DIR = Path("/var/tmp/hyperpod-svc")
+SERVICE_PORT_BASE = 18017
+
+
+@pytest.fixture(scope="session")
+def service_cluster() -> Iterator[object]:
+    """A second local cluster with the hyperpod services: the controller (MUNGE
+    authentication on) and an agent per node with fake GPUs, tmpfs scratch mounts and
+    per-node network namespaces, for fault drills and auto-resume stories."""
+    from hyperpod_agent.localcluster.cluster import LocalCluster
+
+    reuse = os.environ.get("HYPERPOD_TEST_SERVICE_CLUSTER_DIR")
+    if reuse:
+        yield LocalCluster.load(Path(reuse))
+        return
+    cluster = LocalCluster(SERVICE_CLUSTER_DIR, nodes=4, spares=1, port_base=SERVICE_PORT_BASE)
+    try:
+        cluster.up(timeout=60, services=True)
+        yield cluster
+    finally:
+        cluster.down()
