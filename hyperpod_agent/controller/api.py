@@ -1,0 +1,358 @@
+"""The controller's HTTP API (FastAPI under ``/v1``, served by uvicorn).
+
+``api_guard.Guard`` in front of the app limits the body size and authenticates.
+Every error, including FastAPI's own validation errors and 404/405, is
+``{"error": {"code", "message", "details"}}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi import Path as FastApiPath
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp
+
+from hyperpod_agent.auth import AuthError, Identity, ServerAuth
+from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller.api_guard import Guard, error_response, validation_message
+from hyperpod_agent.controller.api_models import (
+    Accepted,
+    ActionAccepted,
+    ActionOut,
+    AdminActionIn,
+    ErrorOut,
+    EventOut,
+    FaultOut,
+    HeartbeatIn,
+    JobDetail,
+    JobOut,
+    NodeDetail,
+    NodeOut,
+    Status,
+)
+from hyperpod_agent.controller.providers.base import ProviderError
+from hyperpod_agent.controller.reasons import Verb, format_reason
+from hyperpod_agent.controller.service import Controller, Heartbeat, Rejected
+from hyperpod_agent.controller.snapshot import Kind
+from hyperpod_agent.controller.store_rows import (
+    ActionRow,
+    EventRow,
+    FaultRow,
+    NodeRow,
+    TrackedJob,
+)
+from hyperpod_agent.health import NodeReport
+
+log = logging.getLogger(__name__)
+MAX_INT64 = 2**63 - 1  # SQLite's INTEGER
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 422)
+}
+
+
+def _at(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def _ts(value: float | None) -> datetime | None:
+    return None if value is None else _at(value)
+
+
+def _fault(f: FaultRow) -> FaultOut:
+    return FaultOut(
+        id=f.id,
+        component=f.component,
+        code=f.code,
+        severity=f.severity,
+        action=f.action,
+        urgent=f.urgent,
+        first_seen=_at(f.first_seen),
+        last_seen=_at(f.last_seen),
+        count=f.count,
+        message=f.message,
+        closed_at=_ts(f.closed_at),
+    )
+
+
+def _action(a: ActionRow) -> ActionOut:
+    return ActionOut(
+        id=a.id,
+        kind=a.kind,
+        node=a.node,
+        job_id=a.job_id,
+        reason=a.reason,
+        cause=a.cause,
+        state=a.state,
+        attempts=a.attempts,
+        created_at=_at(a.created_at),
+        updated_at=_at(a.updated_at),
+        error=a.error,
+    )
+
+
+def _event(e: EventRow) -> EventOut:
+    return EventOut(
+        id=e.id,
+        at=_at(e.at),
+        kind=e.kind,
+        node=e.node,
+        job_id=e.job_id,
+        cause=e.cause,
+        message=e.message,
+    )
+
+
+def _identity(request: Request) -> Identity:
+    identity = getattr(request.state, "identity", None)
+    if not isinstance(identity, Identity):
+        raise AuthError("not authenticated", 401)
+    return identity
+
+
+def create_app(controller: Controller, auth: ServerAuth) -> ASGIApp:
+    """The ASGI application: FastAPI routes wrapped in the Guard."""
+    app = FastAPI(title="hyperpod-controller", version="1", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        code, message, details = validation_message(list(exc.errors()))
+        return error_response(400 if code == "malformed_json" else 422, code, message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        names = {404: "not_found", 405: "method_not_allowed"}
+        return error_response(
+            exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail)
+        )
+
+    @app.exception_handler(Rejected)
+    async def _rejected(request: Request, exc: Rejected) -> Response:
+        metrics.REPORTS.labels("request", exc.code).inc()
+        return error_response(exc.status, exc.code, str(exc))
+
+    @app.exception_handler(AuthError)
+    async def _auth(request: Request, exc: AuthError) -> Response:
+        return error_response(
+            exc.status, "forbidden" if exc.status == 403 else "unauthenticated", str(exc)
+        )
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal", f"internal error: {type(exc).__name__}")
+
+    def _own(request: Request, node: str) -> None:
+        identity = _identity(request)
+        if not identity.is_admin and identity.node != node:
+            raise AuthError(f"identity for node {identity.node!r} may not speak for {node!r}", 403)
+
+    @app.post("/v1/reports", response_model=Accepted, responses=ERRORS)
+    def post_report(report: NodeReport, request: Request) -> Accepted:
+        """Full node state from an agent (on change)."""
+        _own(request, report.node)
+        return Accepted(open_faults=controller.ingest_report(report))
+
+    @app.post("/v1/heartbeats", response_model=Accepted, responses=ERRORS)
+    async def post_heartbeat(beat: HeartbeatIn, request: Request) -> Accepted:
+        """A small liveness message between reports."""
+        _own(request, beat.node)
+        controller.ingest_heartbeat(
+            Heartbeat(beat.node, beat.agent_id, beat.seq, beat.sent_at.timestamp())
+        )
+        return Accepted()
+
+    @app.get("/v1/healthz")
+    def healthz() -> dict[str, Any]:
+        """Liveness of the controller itself (no authentication)."""
+        return {
+            "ok": True,
+            "last_pass_at": _ts(controller.last_pass_at),
+            "schema_version": controller.store.schema_version(),
+        }
+
+    @app.get("/v1/status", response_model=Status, responses=ERRORS)
+    def status(request: Request) -> Status:
+        _identity(request)
+        nodes = controller.nodes
+        rows = controller.store.node_rows()
+        verdicts = Counter(rows[n].verdict or "unknown" if n in rows else "unknown" for n in nodes)
+        return Status(
+            nodes_total=len(nodes),
+            by_state=dict(Counter(_state(n) for n in nodes.values())),
+            by_verdict=dict(verdicts),
+            incident_mode=bool(controller.incident_reason),
+            incident_reason=controller.incident_reason,
+            dry_run=controller.config.policy.dry_run,
+            open_faults=len(controller.store.open_faults()),
+            pending_actions=len(controller.store.open_actions()),
+            last_pass_at=_ts(controller.last_pass_at),
+        )
+
+    def _node_out(
+        name: str,
+        row: NodeRow | None,
+        open_count: int,
+        cls: type[NodeOut] = NodeOut,
+        **extra: Any,
+    ) -> NodeOut:
+        node = controller.nodes.get(name)
+        return cls(
+            name=name,
+            state=_state(node) if node else None,
+            flags=sorted(node.flags) if node else [],
+            reason=node.reason if node else "",
+            partitions=list(node.partitions) if node else [],
+            verdict=row.verdict if row else None,
+            agent_id=row.agent_id if row else None,
+            last_report_at=_ts(row.received_at) if row else None,
+            last_heartbeat_at=_ts(
+                controller.last_heartbeat(name) or (row.heartbeat_at if row else None)
+            ),
+            open_faults=open_count,
+            **extra,
+        )
+
+    @app.get("/v1/nodes", response_model=list[NodeOut], responses=ERRORS)
+    def nodes(request: Request) -> list[NodeOut]:
+        _identity(request)
+        rows = controller.store.node_rows()
+        faults = Counter(f.node for f in controller.store.open_faults())
+        names = sorted(set(controller.nodes) | set(rows))
+        return [_node_out(n, rows.get(n), faults[n]) for n in names]
+
+    @app.get("/v1/nodes/{name}", response_model=NodeDetail, responses=ERRORS)
+    def node(name: str, request: Request) -> NodeOut:
+        _identity(request)
+        row = controller.store.node_row(name)
+        if name not in controller.nodes and row is None:
+            raise StarletteHTTPException(404, f"node {name!r} is not known")
+        history = controller.store.node_faults(name)
+        return _node_out(
+            name,
+            row,
+            sum(1 for f in history if f.closed_at is None),
+            NodeDetail,
+            faults=[_fault(f) for f in history],
+            actions=[_action(a) for a in controller.store.node_actions(name)],
+            report=row.report_dict() if row else None,
+        )
+
+    def _job_out(t: TrackedJob, cls: type[JobOut] = JobOut, **extra: Any) -> JobOut:
+        job = next((j for j in controller.jobs if j.job_id == t.job_id), None)
+        return cls(
+            job_id=t.job_id,
+            state=job.state if job else None,
+            nodes=list(job.nodes) if job else [],
+            restart_count=job.restart_count if job else None,
+            cap=t.cap,
+            attempts=t.attempts,
+            last_cause=t.last_cause,
+            tracking=t.state,
+            last_requeue_at=_ts(t.last_requeue_at),
+            resumed_from_step=t.resumed_from_step,
+            **extra,
+        )
+
+    @app.get("/v1/jobs", response_model=list[JobOut], responses=ERRORS)
+    def jobs(request: Request) -> list[JobOut]:
+        """Auto-resume jobs the controller tracks."""
+        _identity(request)
+        return [_job_out(t) for t in controller.store.jobs().values()]
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=ERRORS)
+    def job(request: Request, job_id: int = FastApiPath(ge=1, le=MAX_INT64)) -> JobOut:
+        _identity(request)
+        tracked = controller.store.job(job_id)
+        if tracked is None:
+            raise StarletteHTTPException(404, f"job {job_id} is not tracked")
+        return _job_out(
+            tracked,
+            JobDetail,
+            events=[_event(e) for e in controller.store.events(job_id=job_id, limit=200)],
+            actions=[_action(a) for a in controller.store.job_actions(job_id)],
+        )
+
+    @app.get("/v1/events", response_model=list[EventOut], responses=ERRORS)
+    def events(
+        request: Request,
+        since: int = Query(default=0, ge=0, le=2**62, description="return events after this id"),
+        node: str | None = Query(default=None, max_length=64),
+        limit: int = Query(default=100, ge=1, le=1000),
+    ) -> list[EventOut]:
+        _identity(request)
+        return [_event(e) for e in controller.store.events(since, node, limit)]
+
+    @app.post(
+        "/v1/nodes/{name}/actions", status_code=202, response_model=ActionAccepted, responses=ERRORS
+    )
+    def admin_action(name: str, body: AdminActionIn, request: Request) -> ActionAccepted:
+        """A human asks for drain|resume|reboot|replace; applied by the next pass."""
+        identity = _identity(request)
+        if not identity.is_admin:
+            raise AuthError("admin identity required for node actions", 403)
+        if name not in controller.nodes:
+            raise Rejected(
+                404,
+                "not_found",
+                f"node {name!r} is not in Slurm's view (or the controller has not read Slurm yet)",
+            )
+        return _submit(controller, name, body, identity)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prom() -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return Guard(app, auth, controller.config.max_body_bytes)
+
+
+def _state(node: Any) -> str:
+    return str(node.state) + ("+DRAIN" if "DRAIN" in node.flags else "")
+
+
+def _submit(
+    controller: Controller, name: str, body: AdminActionIn, identity: Identity
+) -> ActionAccepted:
+    who = f"uid {identity.uid}"
+    message = body.reason or "no reason given"
+    # An admin drain is a hold: a healthy report must not undo a human's decision.
+    kinds = {
+        "drain": (Kind.HOLD, Verb.HOLD),
+        "resume": (Kind.RESUME, None),
+        "reboot": (Kind.REBOOT, Verb.REBOOT),
+        "replace": (Kind.REPLACE, Verb.REPLACE),
+    }
+    kind, verb = kinds[body.action]
+    reason = format_reason(verb, "admin", "request", message) if verb else ""
+    params: dict[str, Any] = {"admin": who}
+    if kind is Kind.REPLACE:
+        try:
+            params.update(controller.provider.prepare(name, controller.nodes))
+        except ProviderError as exc:
+            raise Rejected(409, "no_replacement", str(exc)) from exc
+    now = controller.clock()
+    aid = controller.store.add_action(
+        kind.value, name, None, reason, f"admin request by {who}: {message}", now, params
+    )
+    controller.store.add_event(
+        "admin_request",
+        f"{body.action} {name} requested by {who}: {message}",
+        now,
+        node=name,
+        cause="admin request",
+    )
+    controller.wake.set()
+    return ActionAccepted(
+        action_id=aid,
+        kind=kind.value,
+        node=name,
+        reason=reason,
+        dry_run=controller.config.policy.dry_run,
+    )

@@ -1,0 +1,140 @@
+"""Request and response bodies of the controller API (``/v1``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NODE_PATTERN = r"^[A-Za-z0-9._-]+$"
+
+
+class HeartbeatIn(BaseModel):
+    """Small "still alive" message an agent sends between reports."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    node: str = Field(min_length=1, max_length=64, pattern=NODE_PATTERN)
+    agent_id: str = Field(min_length=1, max_length=64)
+    seq: int = Field(ge=0, le=2**63 - 1)
+    sent_at: datetime
+
+
+class AdminActionIn(BaseModel):
+    """``POST /v1/nodes/{name}/actions``: a human asks for an action."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["drain", "resume", "reboot", "replace"]
+    reason: str = Field(default="", max_length=160)
+
+
+class Accepted(BaseModel):
+    accepted: bool = True
+    open_faults: int | None = None
+
+
+class ActionAccepted(BaseModel):
+    action_id: int
+    kind: str
+    node: str
+    reason: str
+    dry_run: bool
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ErrorOut(BaseModel):
+    error: ErrorBody
+
+
+class Status(BaseModel):
+    nodes_total: int
+    by_state: dict[str, int]
+    by_verdict: dict[str, int]
+    incident_mode: bool
+    incident_reason: str
+    dry_run: bool
+    open_faults: int
+    pending_actions: int
+    last_pass_at: datetime | None
+
+
+class NodeOut(BaseModel):
+    name: str
+    state: str | None = None
+    flags: list[str] = Field(default_factory=list)
+    reason: str = ""
+    partitions: list[str] = Field(default_factory=list)
+    verdict: str | None = None
+    agent_id: str | None = None
+    last_report_at: datetime | None = None
+    last_heartbeat_at: datetime | None = None
+    open_faults: int = 0
+
+
+class FaultOut(BaseModel):
+    id: int
+    component: str
+    code: str
+    severity: str
+    action: str
+    urgent: bool
+    first_seen: datetime
+    last_seen: datetime
+    count: int
+    message: str
+    closed_at: datetime | None
+
+
+class ActionOut(BaseModel):
+    id: int
+    kind: str
+    node: str | None
+    job_id: int | None
+    reason: str
+    cause: str
+    state: Literal["intent", "applied", "done", "failed", "abandoned"] | str
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+    error: str
+
+
+class NodeDetail(NodeOut):
+    faults: list[FaultOut] = Field(default_factory=list)
+    actions: list[ActionOut] = Field(default_factory=list)
+    report: dict[str, Any] | None = None
+
+
+class JobOut(BaseModel):
+    job_id: int
+    state: str | None = None
+    nodes: list[str] = Field(default_factory=list)
+    restart_count: int | None = None
+    cap: int
+    attempts: int
+    last_cause: str
+    tracking: str
+    last_requeue_at: datetime | None
+    resumed_from_step: int | None
+
+
+class EventOut(BaseModel):
+    id: int
+    at: datetime
+    kind: str
+    node: str | None
+    job_id: int | None
+    cause: str
+    message: str
+
+
+class JobDetail(JobOut):
+    events: list[EventOut] = Field(default_factory=list)
+    actions: list[ActionOut] = Field(default_factory=list)

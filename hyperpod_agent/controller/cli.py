@@ -1,0 +1,168 @@
+"""``hyperpod controller run``: the controller daemon (API + reconcile loop)."""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from hyperpod_agent.auth import ServerAuth
+from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, load_config
+from hyperpod_agent.controller.providers import make_provider
+from hyperpod_agent.controller.service import Controller
+from hyperpod_agent.controller.store import Store
+from hyperpod_agent.errors import ConfigError, HyperpodError
+
+log = logging.getLogger(__name__)
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(message.encode(), address)
+    except OSError as exc:
+        log.warning("sd_notify failed: %s", exc)
+
+
+_LOCKS: list[object] = []
+
+
+def _lock_state(db: Path) -> None:
+    """One controller per state database: two would act twice on every fault."""
+    path = db.with_name(db.name + ".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = path.open("a")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot create lock file: {exc.strerror}") from exc
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        handle.close()
+        raise HyperpodError(f"{db}: another controller is running on this state") from exc
+    _LOCKS.append(handle)  # held until the process exits
+
+
+def build(config: ControllerConfig, config_path: Path | None) -> Controller:
+    """Wire store, Slurm client and provider into a Controller."""
+    from hyperpod_agent.slurm.client import SlurmClient
+
+    _lock_state(config.state_db)
+    slurm = SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s)
+    store = Store(config.state_db)
+    return Controller(config, store, slurm, make_provider(config.provider, slurm), config_path)
+
+
+def serve(controller: Controller) -> None:
+    """Run the loop in a thread and the API in this one until SIGTERM/SIGINT."""
+    import uvicorn
+
+    from hyperpod_agent.controller.api import create_app
+
+    config = controller.config
+
+    def node_address(name: str) -> str | None:
+        # munge mode checks that a node's claim comes from the node's own address
+        node = controller.nodes.get(name)
+        return node.address or None if node else None
+
+    app = create_app(controller, ServerAuth(config.auth, node_address=node_address))
+    # Bind before the loop starts: a second instance must fail before it touches Slurm.
+    try:
+        sock = socket.create_server((config.listen_host, config.listen_port), backlog=2048)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {config.listen_host}:{config.listen_port}: {exc.strerror}"
+        ) from exc
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=controller.run,
+        args=(stop, lambda: sd_notify("WATCHDOG=1")),
+        name="reconcile",
+        daemon=True,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.listen_host,
+            port=config.listen_port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    loop.start()
+    sd_notify("READY=1")
+    log.info(
+        "controller listening on %s:%d (auth %s, dry_run %s)",
+        config.listen_host,
+        config.listen_port,
+        config.auth.mode,
+        config.policy.dry_run,
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sd_notify("STOPPING=1")
+        stop.set()
+        controller.wake.set()
+        loop.join(timeout=30)
+        controller.store.close()
+
+
+@click.group("controller")
+def controller() -> None:
+    """The controller: the only component that changes Slurm state."""
+
+
+@controller.command("run")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help=f"Controller config (TOML). [default: {DEFAULT_PATH} if present]",
+)
+def run(config_path: Path | None) -> None:
+    """Serve the API and run the reconcile loop until stopped."""
+    config = load_config(config_path)
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    serve(
+        build(
+            config,
+            config_path
+            if config_path is not None
+            else (DEFAULT_PATH if DEFAULT_PATH.exists() else None),
+        )
+    )
+
+
+def main() -> None:
+    """``python -m hyperpod_agent.controller.cli``: errors as one line, like ``hyperpod``."""
+    try:
+        controller.main(prog_name="hyperpod controller", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except HyperpodError as exc:
+        click.echo(f"hyperpod: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

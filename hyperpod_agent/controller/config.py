@@ -1,0 +1,163 @@
+"""Controller configuration: ``/etc/hyperpod/controller.toml``.
+
+Every section has working defaults; a file only lists what it changes. Errors name
+the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hyperpod_agent.auth import AuthConfig
+from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.health import Action
+
+DEFAULT_PATH = Path("/etc/hyperpod/controller.toml")
+DEFAULT_PORT = 8787
+
+_FROZEN = ConfigDict(extra="forbid", frozen=True)
+
+
+class FaultRule(BaseModel):
+    """Override of what a fault code asks for (DESIGN §9 table lives in the agent)."""
+
+    model_config = _FROZEN
+
+    action: Action
+    urgent: bool = False
+
+
+class PolicyConfig(BaseModel):
+    """``[policy]``: when to act and how far automation may go."""
+
+    model_config = _FROZEN
+
+    dry_run: bool = False
+    fault_overrides: dict[str, FaultRule] = Field(
+        default_factory=dict, description="fault code (xid79, link_down) -> action/urgency"
+    )
+    escalation_window_s: float = Field(default=3600.0, gt=0)
+    max_unhealthy_fraction: float = Field(default=0.10, gt=0, le=1)
+    min_unhealthy_nodes: int = Field(
+        default=1, ge=0, description="nodes a partition may always lose, whatever its size"
+    )
+    lemon_window_s: float = Field(default=7 * 86400.0, gt=0)
+    lemon_threshold: int = Field(default=5, ge=2)
+    heartbeat_timeout_s: float = Field(default=90.0, gt=0)
+    report_max_age_s: float = Field(default=300.0, gt=0)
+    clock_skew_s: float = Field(default=60.0, ge=0)
+    reset_timeout_s: float = Field(default=600.0, gt=0)
+    replace_timeout_s: float = Field(default=1800.0, gt=0)
+    cooldown_s: float = Field(default=60.0, ge=0)
+    max_attempts: int = Field(default=5, ge=1, description="executor retries per action")
+    retry_backoff_s: float = Field(default=5.0, ge=0)
+
+
+class AutoResumeConfig(BaseModel):
+    """``[auto_resume]``: requeueing opted-in jobs (DESIGN §4)."""
+
+    model_config = _FROZEN
+
+    enabled: bool = True
+    retry_on: Literal["node_fault", "any_failure"] = "node_fault"
+    default_attempts: int = Field(default=3, ge=1)
+    backoff_base_s: float = Field(default=10.0, ge=0)
+    backoff_max_s: float = Field(default=600.0, ge=0)
+    max_requeues_per_minute: int = Field(default=20, ge=1)
+    fault_window_s: float = Field(default=600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _backoff(self) -> AutoResumeConfig:
+        if self.backoff_max_s < self.backoff_base_s:
+            raise ValueError("backoff_max_s must be >= backoff_base_s")
+        return self
+
+
+class ProviderConfig(BaseModel):
+    """``[provider]``: where replacement nodes come from (DESIGN §5)."""
+
+    model_config = _FROZEN
+
+    kind: Literal["spare_pool", "command", "local"] = "spare_pool"
+    command: list[str] = Field(default_factory=list, description="argv; node name appended")
+    command_timeout_s: float = Field(default=300.0, gt=0)
+    local_dir: Path | None = None
+
+    @model_validator(mode="after")
+    def _fields_for_kind(self) -> ProviderConfig:
+        if self.kind == "command" and not self.command:
+            raise ValueError("kind 'command' needs command = [\"/path/to/exe\", ...]")
+        if self.kind == "local" and self.local_dir is None:
+            raise ValueError("kind 'local' needs local_dir (the local cluster directory)")
+        return self
+
+
+class ControllerConfig(BaseModel):
+    """The whole ``controller.toml``."""
+
+    model_config = _FROZEN
+
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
+    state_db: Path = Path("/var/lib/hyperpod/controller.db")
+    slurm_conf: Path | None = None
+    slurm_timeout_s: float = Field(default=10.0, gt=0)
+    reconcile_interval_s: float = Field(default=10.0, gt=0, le=3600)
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    history_retention_s: float = Field(
+        default=30 * 86400.0, gt=0, description="events, closed faults, finished actions"
+    )
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    auto_resume: AutoResumeConfig = Field(default_factory=AutoResumeConfig)
+    provider: ProviderConfig = Field(default_factory=ProviderConfig)
+
+    @model_validator(mode="after")
+    def _cross(self) -> ControllerConfig:
+        if self.policy.heartbeat_timeout_s < self.reconcile_interval_s:
+            raise ValueError("policy.heartbeat_timeout_s must be >= reconcile_interval_s")
+        longest = max(self.policy.lemon_window_s, self.policy.escalation_window_s)
+        if self.history_retention_s < longest:
+            raise ValueError(
+                "history_retention_s must cover policy.lemon_window_s and escalation_window_s"
+            )
+        return self
+
+
+def _describe(exc: ValidationError, path: Path) -> str:
+    first = exc.errors()[0]
+    key = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{path}: {key}: {first['msg']}{more}"
+
+
+def parse_config(text: str, path: Path) -> ControllerConfig:
+    """Parse TOML text; ``path`` only names the source in errors."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    try:
+        return ControllerConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from exc
+
+
+def load_config(path: Path | None = None) -> ControllerConfig:
+    """Load the config; the default path may be absent (defaults), an explicit one may not."""
+    explicit = path is not None
+    target = path if path is not None else DEFAULT_PATH
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        if not explicit:
+            return ControllerConfig()
+        raise ConfigError(f"{target}: no such file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{target}: cannot read: {exc}") from exc
+    return parse_config(text, target)

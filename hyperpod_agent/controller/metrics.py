@@ -1,0 +1,46 @@
+"""Every Prometheus metric the controller exports, in one registry."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+NODES = Gauge(
+    "hyperpod_controller_nodes", "Slurm nodes by base state", ["state"], registry=REGISTRY
+)
+NODES_HEALTH = Gauge(
+    "hyperpod_controller_nodes_health",
+    "Nodes by latest agent verdict",
+    ["verdict"],
+    registry=REGISTRY,
+)
+FAULTS = Counter("hyperpod_faults_total", "Faults opened, by code", ["code"], registry=REGISTRY)
+ACTIONS = Counter(
+    "hyperpod_actions_total", "Actions by kind and outcome", ["kind", "outcome"], registry=REGISTRY
+)
+FAULT_TO_DRAIN = Histogram(
+    "hyperpod_fault_to_drain_seconds",
+    "From a fault first seen to the node taken out",
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=REGISTRY,
+)
+INCIDENT = Gauge(
+    "hyperpod_incident_mode", "1 while the blast-radius limit holds automation", registry=REGISTRY
+)
+REQUEUES = Counter("hyperpod_requeues_total", "Auto-resume job requeues", registry=REGISTRY)
+REPORTS = Counter(
+    "hyperpod_reports_total",
+    "Agent messages by kind and outcome",
+    ["kind", "outcome"],
+    registry=REGISTRY,
+)
+PASSES = Counter(
+    "hyperpod_controller_passes_total",
+    "Reconcile passes by outcome",
+    ["outcome"],
+    registry=REGISTRY,
+)
+PASS_SECONDS = Histogram(
+    "hyperpod_controller_pass_seconds", "Duration of a reconcile pass", registry=REGISTRY
+)

@@ -1,0 +1,324 @@
+"""The pure policy: ``decide(snapshot, config, now) -> Decision``.
+
+No I/O and no clock: everything comes from the snapshot, so every rule is a table
+test. The executor applies the result (DESIGN §1, STYLE rule 5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+
+from hyperpod_agent.controller import autoresume
+from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
+from hyperpod_agent.controller.reasons import (
+    SPARE,
+    OwnedReason,
+    Verb,
+    format_reason,
+    parse_admin_request,
+    parse_reason,
+)
+from hyperpod_agent.controller.snapshot import (
+    Decision,
+    Kind,
+    NodeHealth,
+    PlannedAction,
+    PlannedEvent,
+    Snapshot,
+)
+from hyperpod_agent.controller.store_rows import FaultIn, FaultRow
+from hyperpod_agent.health import Action, NodeReport, Status, Verdict
+from hyperpod_agent.slurm.models import Node
+
+# Reasons Slurm writes itself: not a human's drain, so a fault may still be acted on.
+SLURM_REASONS = ("not responding", "node unexpectedly rebooted", "reboot timed out")
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+IDLE_STATES = ("IDLE", "DOWN", "FAIL")
+REMEDIATIONS = ("reboot", "replace")
+VERB_RANK = {Verb.DRAIN: 1, Verb.RESET: 2, Verb.REBOOT: 3, Verb.REPLACE: 4, Verb.HOLD: 5}
+
+
+def faults_from_report(report: NodeReport, policy: PolicyConfig) -> list[FaultIn]:
+    """The faults a report shows: FAIL/WARN findings, with configured overrides.
+
+    A report that says FAULTY without any finding still yields one fault, so an
+    agent's verdict is never silently ignored.
+    """
+    out: dict[tuple[str, str], FaultIn] = {}
+    for result in report.results:
+        for f in result.findings:
+            if f.status not in (Status.FAIL, Status.WARN):
+                continue
+            rule = policy.fault_overrides.get(f.code)
+            action = (
+                rule.action
+                if rule
+                else (f.action if f.action is not Action.NONE else Action.MONITOR)
+            )
+            urgent = rule.urgent if rule else f.urgent
+            out[(f.component, f.code)] = FaultIn(
+                f.component, f.code, f.status.value, action.value, urgent, f.message
+            )
+    if report.verdict is Verdict.FAULTY and not out:
+        action = report.action if report.action.rank >= Action.RESET.rank else Action.REBOOT
+        out[("node", "faulty")] = FaultIn(
+            "node", "faulty", Status.FAIL.value, action.value, report.urgent, report.message
+        )
+    return list(out.values())
+
+
+def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float) -> Action:
+    """RESET -> REBOOT -> REPLACE for each repeat of the component within the window.
+
+    A repeat is another fault of the same component first seen in the window, or a
+    reboot/replace we completed on the node after this fault was first seen (the fault
+    came back, or never left, after the remedy).
+    """
+    base = Action(fault.action)
+    if base.rank < Action.RESET.rank:
+        return base
+    since = now - policy.escalation_window_s
+    repeats = sum(
+        1
+        for h in snap.history
+        if h.node == fault.node
+        and h.component == fault.component
+        and h.id != fault.id
+        and h.first_seen >= since
+        and Action(h.action).rank >= Action.RESET.rank
+    )
+    repeats += sum(
+        1
+        for a in snap.done
+        if a.node == fault.node
+        and a.kind in REMEDIATIONS
+        and a.updated_at >= fault.first_seen
+        and a.updated_at >= since
+    )
+    action = base
+    for _ in range(repeats):
+        action = action.escalate()
+    return action
+
+
+class _Ctx:
+    """Per-pass derived state shared by the rules."""
+
+    def __init__(self, snap: Snapshot, config: ControllerConfig, now: float) -> None:
+        self.snap, self.config, self.policy, self.now = snap, config, config.policy, now
+        self.busy = {a.node for a in snap.in_flight if a.node is not None}
+        self.faults: dict[str, list[FaultRow]] = defaultdict(list)
+        for f in snap.open_faults:
+            self.faults[f.node].append(f)
+
+    def stale(self, node: Node, health: NodeHealth | None) -> bool:
+        """A report generated before the node last booted says nothing about it now."""
+        if health is None or health.generated_at is None:
+            return True
+        return node.boot_time is not None and health.generated_at < node.boot_time.timestamp()
+
+    def actionable(self, node: Node) -> list[tuple[FaultRow, Action]]:
+        health = self.snap.health.get(node.name)
+        if self.stale(node, health):
+            return []
+        out = []
+        for f in self.faults.get(node.name, []):
+            action = _escalated(f, self.snap, self.policy, self.now)
+            if action.rank >= Action.RESET.rank:
+                out.append((f, action))
+        return out
+
+    def lemon(self, name: str) -> int:
+        since = self.now - self.policy.lemon_window_s
+        return sum(1 for h in self.snap.history if h.node == name and h.first_seen >= since)
+
+    def fresh(self, name: str) -> bool:
+        health = self.snap.health.get(name)
+        return bool(
+            health
+            and health.last_seen is not None
+            and self.now - health.last_seen <= self.policy.heartbeat_timeout_s
+        )
+
+    def heartbeat_lost(self, node: Node) -> bool:
+        health = self.snap.health.get(node.name)
+        if health is None or health.last_seen is None:
+            return False  # never heard of: no agent there, nothing to lose
+        if self.now - self.snap.started_at < self.policy.heartbeat_timeout_s:
+            return False  # the controller itself just started: give agents time
+        return not self.fresh(node.name) and not node.responding
+
+
+def _slurm_reason(reason: str) -> bool:
+    return reason.strip().lower().startswith(SLURM_REASONS)
+
+
+def _worst(items: list[tuple[FaultRow, Action]]) -> tuple[FaultRow, Action]:
+    return max(items, key=lambda fa: (fa[1].rank, fa[0].urgent, -fa[0].id))
+
+
+def _kind_verb(action: Action) -> tuple[Kind, Verb]:
+    """REPLACE -> provider; REBOOT -> ``scontrol reboot ASAP``; RESET -> drain so the
+    node-local agent can reset the GPU once idle (the controller cannot reach it)."""
+    if action is Action.REPLACE:
+        return Kind.REPLACE, Verb.REPLACE
+    if action is Action.REBOOT:
+        return Kind.REBOOT, Verb.REBOOT
+    return Kind.DRAIN, Verb.RESET
+
+
+def _remedy(fault: FaultRow, action: Action, name: str, takes_out: bool) -> PlannedAction:
+    """The action for one fault on one node."""
+    urgent = fault.urgent
+    cause = f"{fault.component} {fault.code}: {fault.message or fault.action}"
+    params = {"fault_first_seen": fault.first_seen, "fault_code": fault.code}
+    kind, verb = _kind_verb(action)
+    reason = format_reason(verb, fault.component, fault.code, fault.message)
+    return PlannedAction(
+        kind, name, reason, cause, urgent=urgent, takes_out=takes_out, params=params
+    )
+
+
+def _admin(node: Node, verb: Verb) -> list[PlannedAction]:
+    reason = format_reason(verb, "admin", "request", node.reason.strip())
+    cause = f"admin request {node.reason.strip()!r}"
+    kind = Kind.REPLACE if verb is Verb.REPLACE else Kind.REBOOT
+    return [PlannedAction(kind, node.name, reason, cause, admin=True)]
+
+
+def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
+    """Actions for one node; the caller enforces the blast radius."""
+    name, reason = node.name, node.reason
+    if name in ctx.busy or node.flags & REBOOT_FLAGS or reason.strip() == SPARE:
+        return []
+    if node.drained and (verb := parse_admin_request(reason)) is not None:
+        return _admin(node, verb)
+    ours: OwnedReason | None = parse_reason(reason)
+    if node.drained and ours is None and not _slurm_reason(reason):
+        return []  # a human's or another tool's: never touched
+    if ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE, Verb.SPARE):
+        return []  # held for repair, or managed by the provider
+    faults = ctx.actionable(node)
+    lemon = bool(faults) and ctx.lemon(name) >= ctx.policy.lemon_threshold
+    out_by_us = node.drained and ours is not None
+    if lemon:
+        why = f"{ctx.lemon(name)} faults within {ctx.policy.lemon_window_s:g} s"
+        f, _ = _worst(faults)
+        return [
+            PlannedAction(
+                Kind.HOLD,
+                name,
+                format_reason(Verb.HOLD, f.component, "lemon", why),
+                f"lemon: {why}",
+                urgent=f.urgent,
+                takes_out=not out_by_us,
+            )
+        ]
+    if out_by_us and ours is not None:
+        if not faults:
+            health = ctx.snap.health.get(name)
+            healthy = (
+                health is not None
+                and health.verdict is Verdict.HEALTHY
+                and not ctx.stale(node, health)
+            )
+            if healthy and ctx.fresh(name) and node.responding:
+                return [
+                    PlannedAction(
+                        Kind.RESUME,
+                        name,
+                        "",
+                        f"healthy again after {ours.verb.value} {ours.component} {ours.code}",
+                    )
+                ]
+            return []
+        f, action = _worst(faults)
+        if VERB_RANK[_kind_verb(action)[1]] > VERB_RANK[ours.verb]:
+            # escalated while out (RESET did not help), or a stronger fault arrived
+            return [_remedy(f, action, name, takes_out=False)]
+        if (
+            ours.verb is Verb.RESET
+            and node.state in IDLE_STATES
+            and node.reason_time
+            and ctx.now - node.reason_time.timestamp() >= ctx.policy.reset_timeout_s
+        ):
+            why = f"still faulty {ctx.policy.reset_timeout_s:g} s after drain for reset"
+            return [
+                PlannedAction(
+                    Kind.REBOOT,
+                    name,
+                    format_reason(Verb.REBOOT, f.component, f.code, why),
+                    f"{f.component} {f.code}: {why}",
+                )
+            ]
+        return []
+    if faults:
+        f, action = _worst(faults)
+        return [_remedy(f, action, name, takes_out=True)]
+    if ctx.heartbeat_lost(node):
+        why = f"no heartbeat for > {ctx.policy.heartbeat_timeout_s:g} s and slurmd not responding"
+        return [
+            PlannedAction(
+                Kind.DRAIN,
+                name,
+                format_reason(Verb.DRAIN, "agent", "heartbeat_lost", why),
+                why,
+                urgent=True,
+                takes_out=True,
+            )
+        ]
+    return []
+
+
+def _blast_radius(
+    snap: Snapshot, policy: PolicyConfig, planned: list[PlannedAction]
+) -> tuple[bool, str]:
+    """Would the new take-outs exceed ``max_unhealthy_fraction`` of any partition?"""
+    members: dict[str, list[Node]] = defaultdict(list)
+    for node in snap.nodes.values():
+        if node.reason.strip() == SPARE:
+            continue  # the pool is capacity in waiting, not part of the partition's share
+        for part in node.partitions:
+            members[part].append(node)
+    new = {a.node for a in planned if a.takes_out and not a.admin}
+    for part, nodes in sorted(members.items()):
+        out = sum(1 for n in nodes if n.drained and parse_reason(n.reason) is not None)
+        adding = sum(1 for n in nodes if n.name in new)
+        allowed = max(
+            policy.min_unhealthy_nodes, math.floor(policy.max_unhealthy_fraction * len(nodes))
+        )
+        if adding and out + adding > allowed:
+            return True, (
+                f"partition {part}: {out} node(s) out and {adding} more faulty of "
+                f"{len(nodes)}; limit {allowed} (max_unhealthy_fraction "
+                f"{policy.max_unhealthy_fraction:g})"
+            )
+    return False, ""
+
+
+def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
+    """Plan this pass's actions from the snapshot. Pure."""
+    ctx = _Ctx(snap, config, now)
+    planned: list[PlannedAction] = []
+    for name in sorted(snap.nodes):
+        planned.extend(_node_rules(ctx, snap.nodes[name]))
+    events: list[PlannedEvent] = []
+    incident, why = _blast_radius(snap, config.policy, planned)
+    if incident:
+        held = sorted({a.node for a in planned if a.takes_out and not a.admin if a.node})
+        events.append(
+            PlannedEvent(
+                "incident", f"incident mode: {why}; not taking out {', '.join(held)}", cause=why
+            )
+        )
+        planned = [a for a in planned if not a.takes_out or a.admin]
+    urgent_nodes = {a.node for a in planned if a.urgent and a.node} | {
+        n.name
+        for n in snap.nodes.values()
+        if n.drained
+        and parse_reason(n.reason) is not None
+        and any(f.urgent for f, _ in ctx.actionable(n))
+    }
+    job_actions, job_events = autoresume.plan(snap, config, now, urgent_nodes, ctx.faults)
+    return Decision(planned + job_actions, events + job_events, incident, why)

@@ -1,0 +1,58 @@
+"""Replacement providers: one interface (DESIGN §5).
+
+``prepare`` picks what the replacement needs (e.g. which spare) *before* the intent is
+committed, so a restart re-applies the same choice; ``replace`` must be idempotent
+for the same params; ``poll`` says whether the replacement is in service.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from hyperpod_agent.errors import HyperpodError
+from hyperpod_agent.slurm.models import Job, Node
+
+
+class ProviderError(HyperpodError):
+    """A replacement could not be started or failed."""
+
+
+class ReplaceStatus(enum.StrEnum):
+    PENDING = "pending"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class SlurmApi(Protocol):
+    """The part of ``hyperpod_agent.slurm.client.SlurmClient`` the controller uses."""
+
+    def list_nodes(self) -> list[Node]: ...
+
+    def list_jobs(self) -> list[Job]: ...
+
+    def drain(self, node: str, reason: str) -> None: ...
+
+    def resume(self, node: str) -> None: ...
+
+    def reboot(
+        self, node: str, reason: str, asap: bool = True, next_state: str = "resume"
+    ) -> None: ...
+
+    def requeue(self, job_id: int) -> None: ...
+
+
+Handle = dict[str, Any]
+
+
+class Provider(Protocol):
+    name: str
+    # True when the failed node itself comes back (same name) and we resume it when done.
+    resumes_node: bool
+
+    def prepare(self, node: str, nodes: Mapping[str, Node]) -> dict[str, Any]: ...
+
+    def replace(self, node: str, reason: str, params: Mapping[str, Any], now: float) -> Handle: ...
+
+    def poll(self, handle: Handle, nodes: Mapping[str, Node], now: float) -> ReplaceStatus: ...

@@ -1,0 +1,380 @@
+"""The controller service: ingest from agents, and the level-triggered reconcile loop.
+
+Each pass re-reads Slurm, finishes open intents, asks the pure policy what to do and
+lets the executor do it. A fault report wakes the loop at once. Slurm errors never
+end the loop: they are logged, counted and retried on the next pass.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller.actions import Executor
+from hyperpod_agent.controller.autoresume import cap_of
+from hyperpod_agent.controller.config import ControllerConfig, load_config
+from hyperpod_agent.controller.policy import decide, faults_from_report
+from hyperpod_agent.controller.providers.base import Provider, SlurmApi
+from hyperpod_agent.controller.snapshot import Decision, NodeHealth, Snapshot
+from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store_rows import TrackedJob
+from hyperpod_agent.errors import ConfigError, HyperpodError, SlurmError
+from hyperpod_agent.health import Action, NodeReport, Verdict
+from hyperpod_agent.slurm.models import Job, Node
+
+log = logging.getLogger(__name__)
+
+PRUNE_EVERY_S = 3600.0
+MAX_SEQ = 2**63 - 1  # stored as a SQLite INTEGER
+ENDED = ("COMPLETED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED")
+
+
+class Rejected(HyperpodError):
+    """An agent message the controller refuses; ``status`` and ``code`` go to the client."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node: str
+    agent_id: str
+    seq: int
+    sent_at: float
+
+
+class Controller:
+    """Owns the store, the Slurm view and the loop; the API calls into it."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        store: Store,
+        slurm: SlurmApi,
+        provider: Provider,
+        config_path: Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.store = store
+        self.slurm = slurm
+        self.provider = provider
+        self.clock = clock
+        self.executor = Executor(store, slurm, provider, config)
+        self.wake = threading.Event()
+        self.started_at = clock()
+        self.nodes: dict[str, Node] = {}
+        self.jobs: list[Job] = []
+        self.last_pass_at: float | None = None
+        self.incident_reason = ""
+        self._beats: dict[str, Heartbeat] = {}
+        self._pending_beats: dict[str, tuple[str, int, float]] = {}
+        self._ingest_lock = threading.Lock()
+        self._config_mtime = _mtime(config_path)
+        self._last_events: set[str] = set()
+        self._pruned_at = 0.0
+        for name, row in store.node_rows().items():
+            if row.hb_agent_id is not None and row.hb_seq is not None:
+                self._beats[name] = Heartbeat(
+                    name, row.hb_agent_id, row.hb_seq, row.heartbeat_at or 0.0
+                )
+
+    # -- ingest ---------------------------------------------------------------------
+    def _check_time(self, sent: float, now: float, what: str) -> None:
+        policy = self.config.policy
+        if sent > now + policy.clock_skew_s:
+            raise Rejected(
+                409,
+                "from_future",
+                f"{what} is {sent - now:.0f} s in the future "
+                f"(clock_skew_s {policy.clock_skew_s:g}); check the node's clock",
+            )
+        if now - sent > policy.report_max_age_s:
+            raise Rejected(
+                409,
+                "stale",
+                f"{what} is {now - sent:.0f} s old (report_max_age_s {policy.report_max_age_s:g})",
+            )
+
+    def ingest_report(self, report: NodeReport) -> int:
+        """Validate ordering, store, open/close faults; returns the open fault count."""
+        now = self.clock()
+        if report.seq > MAX_SEQ:
+            raise Rejected(422, "invalid", f"seq: must be at most {MAX_SEQ}")
+        generated = report.generated_at.timestamp()
+        self._check_time(generated, now, "report")
+        with self._ingest_lock:
+            last = self.store.node_row(report.node)
+            if last is not None and last.agent_id is not None and last.seq is not None:
+                if last.agent_id == report.agent_id and report.seq <= last.seq:
+                    raise Rejected(
+                        409,
+                        "replayed",
+                        f"report seq {report.seq} from agent "
+                        f"{report.agent_id} is not newer than {last.seq}",
+                    )
+                if (
+                    last.agent_id != report.agent_id
+                    and last.generated_at is not None
+                    and generated <= last.generated_at
+                ):
+                    raise Rejected(409, "stale", "report is older than the last accepted one")
+            faults = faults_from_report(report, self.config.policy)
+            opened, closed = self.store.record_report(
+                report.node,
+                report.agent_id,
+                report.seq,
+                generated,
+                report.verdict.value,
+                report.model_dump_json(),
+                faults,
+                now,
+                json.dumps({str(k): v for k, v in report.jobs_opted_in.items()}),
+            )
+        for f in opened:
+            metrics.FAULTS.labels(f.code).inc()
+            self.store.add_event(
+                "fault",
+                f"{f.node}: {f.component} {f.code} ({f.action}"
+                f"{', urgent' if f.urgent else ''}): {f.message}",
+                now,
+                node=f.node,
+                cause=f"{f.component} {f.code}",
+            )
+        for f in closed:
+            self.store.add_event(
+                "fault_cleared",
+                f"{f.node}: {f.component} {f.code} cleared",
+                now,
+                node=f.node,
+                cause=f"{f.component} {f.code}",
+            )
+        metrics.REPORTS.labels("report", "accepted").inc()
+        if (
+            any(Action(f.action).rank >= Action.RESET.rank for f in opened)
+            or closed
+            or (
+                report.verdict is Verdict.HEALTHY
+                and last is not None
+                and last.verdict != Verdict.HEALTHY.value
+            )
+        ):
+            self.wake.set()  # act now, not at the next tick
+        return len(faults)
+
+    def ingest_heartbeat(self, beat: Heartbeat) -> None:
+        """Accept a heartbeat if newer than the last one from that agent."""
+        now = self.clock()
+        self._check_time(beat.sent_at, now, "heartbeat")
+        with self._ingest_lock:
+            last = self._beats.get(beat.node)
+            if last is not None and last.agent_id == beat.agent_id and beat.seq <= last.seq:
+                raise Rejected(
+                    409,
+                    "replayed",
+                    f"heartbeat seq {beat.seq} from agent "
+                    f"{beat.agent_id} is not newer than {last.seq}",
+                )
+            self._beats[beat.node] = Heartbeat(beat.node, beat.agent_id, beat.seq, now)
+            self._pending_beats[beat.node] = (beat.agent_id, beat.seq, now)
+        metrics.REPORTS.labels("heartbeat", "accepted").inc()
+
+    def last_heartbeat(self, node: str) -> float | None:
+        beat = self._beats.get(node)
+        return beat.sent_at if beat else None
+
+    def _flush_heartbeats(self) -> None:
+        with self._ingest_lock:
+            pending, self._pending_beats = self._pending_beats, {}
+        self.store.record_heartbeats(pending)
+
+    # -- the loop -------------------------------------------------------------------
+    def _reload_config(self) -> None:
+        mtime = _mtime(self.config_path)
+        if self.config_path is None or mtime == self._config_mtime:
+            return
+        self._config_mtime = mtime
+        try:
+            new = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("config reload failed, keeping the last good one: %s", exc)
+            self.store.add_event("config_error", str(exc), self.clock())
+            return
+        for key in ("listen_host", "listen_port", "state_db", "auth", "max_body_bytes"):
+            if getattr(new, key) != getattr(self.config, key):
+                log.warning("config: %s changed; takes effect after a restart", key)
+        self.config = new
+        self.executor.config = new
+        log.info("config reloaded from %s", self.config_path)
+
+    def snapshot(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> Snapshot:
+        """Everything the policy needs, from the store and this pass's Slurm view."""
+        policy = self.config.policy
+        health = {}
+        for name, row in self.store.node_rows().items():
+            beat = self._beats.get(name)
+            seen = [t for t in (row.received_at, row.heartbeat_at, beat and beat.sent_at) if t]
+            health[name] = NodeHealth(
+                verdict=Verdict(row.verdict) if row.verdict else None,
+                generated_at=row.generated_at,
+                last_seen=max(seen) if seen else None,
+                jobs_opted_in=row.opted_in(),
+            )
+        longest = max(
+            policy.escalation_window_s,
+            policy.lemon_window_s,
+            self.config.auto_resume.fault_window_s,
+        )
+        open_rows = self.store.open_actions()
+        done = self.store.done_since(now - policy.escalation_window_s)
+        return Snapshot(
+            nodes=nodes,
+            jobs=jobs,
+            health=health,
+            open_faults=self.store.open_faults(),
+            history=self.store.faults_since(now - longest),
+            in_flight=open_rows,
+            done=done,
+            tracked=self.store.jobs(),
+            requeues_last_minute=self.store.actions_since("requeue", now - 60.0),
+            started_at=self.started_at,
+        )
+
+    def _track_jobs(self, snap: Snapshot, now: float) -> None:
+        """Remember opted-in jobs (for the API) and close the ones that ended well."""
+        for job in snap.jobs:
+            cap = cap_of(job, snap, self.config.auto_resume.default_attempts)
+            tracked = snap.tracked.get(job.job_id)
+            if cap is None:
+                continue
+            if tracked is None:
+                self.store.upsert_job(TrackedJob(job.job_id, cap, updated_at=now))
+            elif job.state.upper() in ENDED and tracked.state not in ("done", "exhausted"):
+                self.store.upsert_job(
+                    TrackedJob(
+                        tracked.job_id,
+                        tracked.cap,
+                        tracked.attempts,
+                        tracked.last_cause,
+                        "done",
+                        tracked.last_requeue_at,
+                        tracked.acted_restart_count,
+                        tracked.resumed_from_step,
+                        now,
+                    )
+                )
+
+    def reconcile_once(self) -> Decision | None:
+        """One pass. Returns the decision, or None when Slurm could not be read."""
+        started = time.monotonic()
+        self._reload_config()
+        now = self.clock()
+        self._flush_heartbeats()
+        try:
+            nodes = {n.name: n for n in self.slurm.list_nodes()}
+            jobs = self.slurm.list_jobs()
+        except SlurmError as exc:
+            log.error("reading Slurm failed (retrying next pass): %s", exc)
+            metrics.PASSES.labels("slurm_error").inc()
+            return None
+        if self.executor.process_open(nodes, jobs, now):
+            try:  # decide on what Slurm looks like now, not before those actions
+                nodes = {n.name: n for n in self.slurm.list_nodes()}
+                jobs = self.slurm.list_jobs()
+            except SlurmError as exc:
+                log.error("re-reading Slurm failed (retrying next pass): %s", exc)
+                metrics.PASSES.labels("slurm_error").inc()
+                return None
+        snap = self.snapshot(nodes, jobs, now)
+        self._track_jobs(snap, now)
+        decision = decide(snap, self.config, now)
+        decision = self._dedupe(decision, now)
+        if self.executor.execute(decision, nodes, jobs, now):
+            nodes, jobs = self._reread(nodes, jobs)  # so the API shows what we just did
+        self.nodes, self.jobs, self.last_pass_at = nodes, jobs, now
+        self._gauges(nodes, snap)
+        if now - self._pruned_at >= PRUNE_EVERY_S:
+            self._pruned_at = now
+            removed = self.store.prune(now - self.config.history_retention_s)
+            if removed:
+                log.info(
+                    "pruned %d history rows older than %.0f s",
+                    removed,
+                    self.config.history_retention_s,
+                )
+        metrics.PASSES.labels("ok").inc()
+        metrics.PASS_SECONDS.observe(time.monotonic() - started)
+        return decision
+
+    def _reread(self, nodes: dict[str, Node], jobs: list[Job]) -> tuple[dict[str, Node], list[Job]]:
+        try:
+            return {n.name: n for n in self.slurm.list_nodes()}, self.slurm.list_jobs()
+        except SlurmError as exc:
+            log.warning("re-reading Slurm after actions failed: %s", exc)
+            return nodes, jobs
+
+    def _dedupe(self, decision: Decision, now: float) -> Decision:
+        """Say each alert once, not on every pass while it holds."""
+        if not decision.incident and self.incident_reason:
+            self.store.add_event("incident_over", "incident mode over: automation resumes", now)
+        self.incident_reason = decision.incident_reason if decision.incident else ""
+        metrics.INCIDENT.set(1 if decision.incident else 0)
+        fresh = [
+            e
+            for e in decision.events
+            if e.message not in self._last_events
+            and not (e.kind == "incident" and self._was_incident(e.message))
+        ]
+        self._last_events = {e.message for e in decision.events}
+        return Decision(decision.actions, fresh, decision.incident, decision.incident_reason)
+
+    def _was_incident(self, message: str) -> bool:
+        return any(m.startswith("incident mode:") for m in self._last_events)
+
+    def _gauges(self, nodes: Mapping[str, Node], snap: Snapshot) -> None:
+        metrics.NODES.clear()
+        for node in nodes.values():
+            state = node.state + ("+DRAIN" if "DRAIN" in node.flags else "")
+            metrics.NODES.labels(state).inc()
+        metrics.NODES_HEALTH.clear()
+        for name in nodes:
+            h = snap.health.get(name)
+            verdict = h.verdict.value if h and h.verdict else "unknown"
+            metrics.NODES_HEALTH.labels(verdict).inc()
+
+    def run(self, stop: threading.Event, alive: Callable[[], None] | None = None) -> None:
+        """Reconcile until ``stop`` is set; never dies on an error of one pass.
+
+        ``alive`` is called after every pass (the systemd watchdog ping).
+        """
+        while not stop.is_set():
+            try:
+                self.reconcile_once()
+            except Exception:
+                # A bug in one pass must not stop remediation for the whole cluster;
+                # it is logged with its traceback and counted.
+                log.exception("reconcile pass failed")
+                metrics.PASSES.labels("error").inc()
+            if alive is not None:
+                alive()
+            self.wake.wait(self.config.reconcile_interval_s)
+            self.wake.clear()
+
+
+def _mtime(path: Path | None) -> float | None:
+    if path is None:
+        return None
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None

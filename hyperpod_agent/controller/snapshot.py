@@ -1,0 +1,83 @@
+"""What the pure policy sees and what it returns (no I/O here)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hyperpod_agent.controller.store_rows import ActionRow, FaultRow, TrackedJob
+from hyperpod_agent.health import Verdict
+from hyperpod_agent.slurm.models import Job, Node
+
+
+class Kind(enum.StrEnum):
+    """Things the executor can do. ``exhaust`` is bookkeeping only (no Slurm call)."""
+
+    DRAIN = "drain"
+    RESUME = "resume"
+    REBOOT = "reboot"
+    REPLACE = "replace"
+    HOLD = "hold"
+    REQUEUE = "requeue"
+    EXHAUST = "exhaust"
+
+
+NODE_KINDS = (Kind.DRAIN, Kind.RESUME, Kind.REBOOT, Kind.REPLACE, Kind.HOLD)
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """The controller's view of one agent."""
+
+    verdict: Verdict | None = None
+    generated_at: float | None = None  # latest report, agent clock
+    last_seen: float | None = None  # latest report or heartbeat, controller clock
+    jobs_opted_in: Mapping[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one reconcile pass knows. Times are epoch seconds."""
+
+    nodes: Mapping[str, Node]
+    jobs: Sequence[Job] = ()
+    health: Mapping[str, NodeHealth] = field(default_factory=dict)
+    open_faults: Sequence[FaultRow] = ()
+    history: Sequence[FaultRow] = ()  # faults first seen within the longest window
+    in_flight: Sequence[ActionRow] = ()  # actions in state intent/applied
+    done: Sequence[ActionRow] = ()  # completed actions within the escalation window
+    tracked: Mapping[int, TrackedJob] = field(default_factory=dict)
+    requeues_last_minute: int = 0
+    started_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class PlannedAction:
+    kind: Kind
+    node: str | None
+    reason: str
+    cause: str
+    job_id: int | None = None
+    urgent: bool = False
+    takes_out: bool = False  # takes an in-service node out (counts toward blast radius)
+    admin: bool = False  # requested by a human: exempt from incident mode
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PlannedEvent:
+    kind: str
+    message: str
+    node: str | None = None
+    job_id: int | None = None
+    cause: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    actions: list[PlannedAction] = field(default_factory=list)
+    events: list[PlannedEvent] = field(default_factory=list)
+    incident: bool = False
+    incident_reason: str = ""

@@ -1,0 +1,41 @@
+"""The state database's schema, as an ordered list of migrations."""
+
+from __future__ import annotations
+
+# Ordered; index + 1 is the schema version after applying the entry. Never edit a
+# released entry: append a new one.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE nodes (
+        name TEXT PRIMARY KEY, agent_id TEXT, seq INTEGER, generated_at REAL,
+        received_at REAL, verdict TEXT, report TEXT,
+        hb_agent_id TEXT, hb_seq INTEGER, heartbeat_at REAL);
+    CREATE TABLE faults (
+        id INTEGER PRIMARY KEY, node TEXT NOT NULL, component TEXT NOT NULL,
+        code TEXT NOT NULL, severity TEXT NOT NULL, action TEXT NOT NULL,
+        urgent INTEGER NOT NULL, first_seen REAL NOT NULL, last_seen REAL NOT NULL,
+        count INTEGER NOT NULL, message TEXT NOT NULL, closed_at REAL);
+    CREATE INDEX faults_open ON faults(node) WHERE closed_at IS NULL;
+    CREATE INDEX faults_seen ON faults(first_seen);
+    CREATE TABLE actions (
+        id INTEGER PRIMARY KEY, kind TEXT NOT NULL, node TEXT, job_id INTEGER,
+        reason TEXT NOT NULL, cause TEXT NOT NULL, params TEXT NOT NULL,
+        state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL,
+        next_attempt_at REAL NOT NULL, error TEXT NOT NULL DEFAULT '');
+    CREATE INDEX actions_open ON actions(state);
+    CREATE INDEX actions_node ON actions(node, kind, updated_at);
+    CREATE TABLE jobs (
+        job_id INTEGER PRIMARY KEY, cap INTEGER NOT NULL, attempts INTEGER NOT NULL,
+        last_cause TEXT NOT NULL, state TEXT NOT NULL, last_requeue_at REAL,
+        acted_restart_count INTEGER, resumed_from_step INTEGER, updated_at REAL NOT NULL);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, kind TEXT NOT NULL,
+        node TEXT, job_id INTEGER, cause TEXT NOT NULL, message TEXT NOT NULL);
+    CREATE INDEX events_node ON events(node, id);
+    """,
+    # 2: keep the opted-in jobs apart from the report so a pass need not parse reports.
+    """
+    ALTER TABLE nodes ADD COLUMN jobs_opted_in TEXT NOT NULL DEFAULT '{}';
+    """,
+]

@@ -1,0 +1,188 @@
+"""Builders and an in-memory Slurm for the controller's unit tests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime
+from itertools import count
+
+from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.snapshot import NodeHealth
+from hyperpod_agent.controller.store_rows import ActionRow, FaultRow
+from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.health import Verdict
+from hyperpod_agent.slurm.models import Job, Node
+
+NOW = 1_800_000_000.0
+_ids = count(1000)
+
+
+def ts(t: float) -> datetime:
+    return datetime.fromtimestamp(t, UTC)
+
+
+def node(
+    name: str,
+    state: str = "IDLE",
+    flags: tuple[str, ...] = (),
+    reason: str = "",
+    partitions: tuple[str, ...] = ("main",),
+    boot_time: float | None = None,
+    reason_time: float | None = None,
+) -> Node:
+    return Node(
+        name=name,
+        state=state,
+        flags=frozenset(flags),
+        reason=reason,
+        partitions=partitions,
+        boot_time=ts(boot_time) if boot_time is not None else None,
+        reason_time=ts(reason_time) if reason_time is not None else None,
+    )
+
+
+def cluster(n: int = 10, **kw: object) -> dict[str, Node]:
+    return {f"node{i}": node(f"node{i}", **kw) for i in range(1, n + 1)}  # type: ignore[arg-type]
+
+
+def fault(
+    name: str,
+    component: str = "gpu0",
+    code: str = "xid79",
+    action: str = "REBOOT",
+    urgent: bool = False,
+    first_seen: float = NOW - 5,
+    closed_at: float | None = None,
+    fid: int | None = None,
+    last_seen: float | None = None,
+) -> FaultRow:
+    return FaultRow(
+        fid if fid is not None else next(_ids),
+        name,
+        component,
+        code,
+        "FAIL",
+        action,
+        urgent,
+        first_seen,
+        last_seen if last_seen is not None else first_seen,
+        1,
+        "boom",
+        closed_at,
+    )
+
+
+def healthy(last_seen: float = NOW - 1, generated_at: float = NOW - 1) -> NodeHealth:
+    return NodeHealth(Verdict.HEALTHY, generated_at, last_seen)
+
+
+def faulty(last_seen: float = NOW - 1, generated_at: float = NOW - 1) -> NodeHealth:
+    return NodeHealth(Verdict.FAULTY, generated_at, last_seen)
+
+
+def action_row(
+    kind: str,
+    name: str | None,
+    state: str = "done",
+    updated_at: float = NOW - 10,
+    job_id: int | None = None,
+    created_at: float | None = None,
+    reason: str = "",
+    params: dict[str, object] | None = None,
+    attempts: int = 0,
+) -> ActionRow:
+    return ActionRow(
+        next(_ids),
+        kind,
+        name,
+        job_id,
+        reason,
+        "test",
+        dict(params or {}),
+        state,
+        attempts,
+        created_at if created_at is not None else updated_at,
+        updated_at,
+        updated_at,
+        "",
+    )
+
+
+def job(
+    job_id: int,
+    state: str = "RUNNING",
+    nodes: tuple[str, ...] = ("node1",),
+    auto_resume: int | None = 3,
+    restart_count: int = 0,
+    exit_code: int | None = None,
+) -> Job:
+    return Job(
+        job_id=job_id,
+        name=f"j{job_id}",
+        state=state,
+        nodes=nodes,
+        auto_resume=auto_resume,
+        restart_count=restart_count,
+        exit_code=exit_code,
+    )
+
+
+def config(**sections: dict[str, object]) -> ControllerConfig:
+    return ControllerConfig.model_validate(sections)
+
+
+class FakeSlurm:
+    """An in-memory Slurm with the SlurmClient methods the controller uses."""
+
+    def __init__(self, nodes: dict[str, Node], jobs: list[Job] | None = None) -> None:
+        self.nodes = dict(nodes)
+        self.jobs = {j.job_id: j for j in jobs or []}
+        self.calls: list[tuple[object, ...]] = []
+        self.fail_next: dict[str, int] = {}
+        self.read_fails = 0
+
+    def _maybe_fail(self, what: str) -> None:
+        if self.fail_next.get(what, 0) > 0:
+            self.fail_next[what] -= 1
+            raise SlurmError(["scontrol", what], 1, f"slurm_{what} error: Unexpected error")
+
+    def list_nodes(self) -> list[Node]:
+        if self.read_fails:
+            self.read_fails -= 1
+            raise SlurmError(["sinfo", "--json"], 1, "Unable to contact slurm controller")
+        return list(self.nodes.values())
+
+    def list_jobs(self) -> list[Job]:
+        return list(self.jobs.values())
+
+    def drain(self, node: str, reason: str) -> None:
+        self.calls.append(("drain", node, reason))
+        self._maybe_fail("drain")
+        n = self.nodes[node]
+        self.nodes[node] = replace(n, flags=n.flags | {"DRAIN"}, reason=reason)
+
+    def resume(self, node: str) -> None:
+        self.calls.append(("resume", node))
+        self._maybe_fail("resume")
+        n = self.nodes[node]
+        self.nodes[node] = replace(
+            n,
+            flags=n.flags - {"DRAIN", "FAIL"},
+            reason="",
+            state="IDLE" if n.state in ("DOWN", "FAIL") else n.state,
+        )
+
+    def reboot(self, node: str, reason: str, asap: bool = True, next_state: str = "resume") -> None:
+        self.calls.append(("reboot", node, reason))
+        self._maybe_fail("reboot")
+        n = self.nodes[node]
+        self.nodes[node] = replace(n, flags=n.flags | {"DRAIN", "REBOOT_REQUESTED"}, reason=reason)
+
+    def requeue(self, job_id: int) -> None:
+        self.calls.append(("requeue", job_id))
+        self._maybe_fail("requeue")
+        j = self.jobs[job_id]
+        self.jobs[job_id] = replace(j, state="PENDING", restart_count=j.restart_count + 1)
+
+    def names(self, kind: str) -> list[object]:
+        return [c[1] for c in self.calls if c[0] == kind]

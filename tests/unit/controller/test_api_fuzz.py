@@ -1,0 +1,149 @@
+"""No input makes the API answer 5xx: hypothesis-generated bodies, paths and queries
+against every route in the published OpenAPI schema."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from ctl_helpers import FakeSlurm, cluster, config
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hyperpod_agent.auth import AuthConfig, ServerAuth
+from hyperpod_agent.controller.api import create_app
+from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
+from hyperpod_agent.controller.service import Controller
+from hyperpod_agent.controller.store import Store
+
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message=".*httpx2.*")
+    from fastapi.testclient import TestClient
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+REPORT_KEYS = [
+    "node",
+    "agent_id",
+    "seq",
+    "generated_at",
+    "verdict",
+    "action",
+    "urgent",
+    "message",
+    "results",
+    "jobs_opted_in",
+    "bogus",
+]
+BEAT_KEYS = ["node", "agent_id", "seq", "sent_at", "bogus"]
+VALUES = JSON | st.sampled_from(
+    [
+        "node1",
+        "2026-01-01T00:00:00Z",
+        "faulty",
+        "REBOOT",
+        -1,
+        2**70,
+        "",
+        "x" * 300,
+        "drain",
+        "replace",
+    ]
+)
+
+
+def shaped(keys: list[str]) -> st.SearchStrategy[dict[str, Any]]:
+    return st.dictionaries(st.sampled_from(keys), VALUES, max_size=len(keys))
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[TestClient]:
+    with tempfile.TemporaryDirectory() as tmp:
+        slurm = FakeSlurm(cluster(3))
+        cfg = config(auth={"mode": "none"})
+        controller = Controller(cfg, Store(Path(tmp) / "s.db"), slurm, SparePoolProvider(slurm))
+        controller.reconcile_once()
+        with TestClient(
+            create_app(controller, ServerAuth(AuthConfig(mode="none"))),
+            raise_server_exceptions=False,
+        ) as c:
+            yield c
+
+
+FUZZ = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+@FUZZ
+@given(
+    path=st.sampled_from(
+        ["/v1/reports", "/v1/heartbeats", "/v1/nodes/node1/actions", "/v1/nodes/%00/actions"]
+    ),
+    body=JSON | shaped(REPORT_KEYS) | shaped(BEAT_KEYS) | shaped(["action", "reason", "x"]),
+)
+def test_post_bodies_never_5xx(client: TestClient, path: str, body: Any) -> None:
+    resp = client.post(
+        path, content=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    assert resp.status_code < 500, resp.text
+    if resp.status_code >= 400:
+        assert set(resp.json()) == {"error"}
+
+
+@FUZZ
+@given(raw=st.binary(max_size=200))
+def test_raw_bytes_never_5xx(client: TestClient, raw: bytes) -> None:
+    resp = client.post("/v1/reports", content=raw, headers={"content-type": "application/json"})
+    assert resp.status_code < 500 and set(resp.json()) == {"error"}
+
+
+SEGMENT = st.text(min_size=1, max_size=30).filter(
+    lambda s: "/" not in s and "?" not in s and "#" not in s
+)
+
+
+@FUZZ
+@given(
+    template=st.sampled_from(
+        [
+            "/v1/nodes/{}",
+            "/v1/jobs/{}",
+            "/v1/events?since={}",
+            "/v1/events?limit={}",
+            "/v1/events?node={}",
+            "/v1/{}",
+            "/{}",
+            "/v1/status?{}",
+        ]
+    ),
+    value=SEGMENT | st.integers().map(str),
+)
+def test_get_paths_and_queries_never_5xx(client: TestClient, template: str, value: str) -> None:
+    resp = client.get(template.format(quote(value, safe="")))
+    assert resp.status_code < 500, resp.text
+
+
+def test_every_schema_route_answers_without_5xx(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    for path, methods in schema["paths"].items():
+        concrete = path.replace("{name}", "node1").replace("{job_id}", "1")
+        for method in methods:
+            resp = client.request(
+                method.upper(),
+                concrete,
+                content=b"{}",
+                headers={"content-type": "application/json"},
+            )
+            assert resp.status_code < 500, (method, path, resp.text)

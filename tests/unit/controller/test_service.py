@@ -1,0 +1,250 @@
+"""The reconcile loop with an in-memory Slurm."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from ctl_helpers import FakeSlurm, cluster, config, job
+
+from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
+from hyperpod_agent.controller.service import Controller
+from hyperpod_agent.controller.store import Store
+from hyperpod_agent.health import Action, Finding, NodeReport, ProbeResult, Status, Verdict
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def make(
+    tmp: Path,
+    slurm: FakeSlurm,
+    cfg: ControllerConfig | None = None,
+    config_path: Path | None = None,
+) -> tuple[Controller, Clock]:
+    clock = Clock()
+    ctl = Controller(
+        cfg or config(),
+        Store(tmp / "s.db"),
+        slurm,
+        SparePoolProvider(slurm),
+        config_path=config_path,
+        clock=clock,
+    )
+    return ctl, clock
+
+
+def report(
+    name: str,
+    seq: int,
+    at: float,
+    faulty: bool,
+    urgent: bool = False,
+    opted: dict[int, int] | None = None,
+) -> NodeReport:
+    ts = datetime.fromtimestamp(at, UTC)
+    findings = (
+        [
+            Finding(
+                component="gpu0",
+                code="xid79",
+                status=Status.FAIL,
+                action=Action.REBOOT,
+                urgent=urgent,
+                message="fell off the bus",
+            )
+        ]
+        if faulty
+        else []
+    )
+    return NodeReport(
+        node=name,
+        agent_id="a",
+        seq=seq,
+        generated_at=ts,
+        verdict=Verdict.FAULTY if faulty else Verdict.HEALTHY,
+        results=[
+            ProbeResult(
+                probe="gpu", status=Status.FAIL if faulty else Status.OK, findings=findings, at=ts
+            )
+        ],
+        jobs_opted_in=opted or {},
+    )
+
+
+def test_fault_report_leads_to_owned_drain_and_event(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(10))
+    ctl, clock = make(tmp_path, slurm)
+    ctl.ingest_report(report("node2", 1, clock.t, faulty=True))
+    assert ctl.wake.is_set()
+    ctl.reconcile_once()
+    assert slurm.calls == [("reboot", "node2", "hyperpod:reboot gpu0 xid79 fell off the bus")]
+    kinds = [e.kind for e in ctl.store.events()]
+    assert kinds == ["fault", "reboot"]
+
+
+def test_urgent_fault_requeues_opted_in_job(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(10), [job(7, nodes=("node2",), auto_resume=None)])
+    ctl, clock = make(tmp_path, slurm)
+    ctl.ingest_report(report("node2", 1, clock.t, faulty=True, urgent=True, opted={7: 2}))
+    ctl.reconcile_once()
+    assert ("requeue", 7) in slurm.calls
+    tracked = ctl.store.job(7)
+    assert tracked is not None and (tracked.cap, tracked.attempts) == (2, 1)
+
+
+def test_slurm_errors_do_not_end_the_loop(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(3))
+    slurm.read_fails = 1
+    ctl, _ = make(tmp_path, slurm)
+    before = metrics.PASSES.labels("slurm_error")._value.get()  # type: ignore[attr-defined]
+    assert ctl.reconcile_once() is None
+    assert metrics.PASSES.labels("slurm_error")._value.get() == before + 1  # type: ignore[attr-defined]
+    assert ctl.reconcile_once() is not None
+
+
+def test_run_survives_a_failing_pass_and_stops(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(3))
+    ctl, _ = make(
+        tmp_path, slurm, config(reconcile_interval_s=0.01, policy={"heartbeat_timeout_s": 30})
+    )
+    passes = []
+
+    def boom() -> None:
+        passes.append(1)
+        if len(passes) == 1:
+            raise RuntimeError("bug in one pass")
+        if len(passes) >= 3:
+            stop.set()
+
+    ctl.reconcile_once = boom  # type: ignore[method-assign,assignment]
+    stop = threading.Event()
+    thread = threading.Thread(target=ctl.run, args=(stop,))
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive() and len(passes) >= 3
+
+
+def test_config_reload_keeps_last_good(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[policy]\ndry_run = true\n")
+    slurm = FakeSlurm(cluster(3))
+    ctl, _ = make(tmp_path, slurm, config(), config_path=path)
+    ctl._config_mtime = None
+    ctl.reconcile_once()
+    assert ctl.config.policy.dry_run and ctl.executor.config.policy.dry_run
+    path.write_text("[policy]\ndry_run = maybe\n")
+    ctl._config_mtime = None
+    ctl.reconcile_once()
+    assert ctl.config.policy.dry_run
+    assert ctl.store.events()[-1].kind == "config_error"
+
+
+def test_incident_is_announced_once_and_its_end_too(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(10))
+    ctl, clock = make(tmp_path, slurm)
+    for i, name in enumerate(("node2", "node3", "node4")):
+        ctl.ingest_report(report(name, 1, clock.t + i, faulty=True))
+    for _ in range(3):
+        ctl.reconcile_once()
+    assert slurm.calls == []
+    assert [e.kind for e in ctl.store.events()].count("incident") == 1
+    assert ctl.incident_reason and metrics.INCIDENT._value.get() == 1  # type: ignore[attr-defined]
+    for i, name in enumerate(("node2", "node3", "node4")):
+        ctl.ingest_report(report(name, 2, clock.t + 5 + i, faulty=False))
+    clock.t += 10
+    ctl.reconcile_once()
+    assert ctl.store.events()[-1].kind == "incident_over" and not ctl.incident_reason
+
+
+def test_healthy_again_resumes_our_node(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(10))
+    ctl, clock = make(tmp_path, slurm)
+    slurm.drain("node2", "hyperpod:reset gpu0 xid46 x")
+    slurm.drain("node3", "maintenance")
+    slurm.calls.clear()
+    ctl.ingest_report(report("node2", 1, clock.t, faulty=False))
+    ctl.ingest_report(report("node3", 1, clock.t, faulty=False))
+    ctl.reconcile_once()
+    assert slurm.calls == [("resume", "node2")]
+
+
+def test_tracked_jobs_end(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(3), [job(7, auto_resume=4)])
+    ctl, _ = make(tmp_path, slurm)
+    ctl.reconcile_once()
+    tracked = ctl.store.job(7)
+    assert tracked is not None and (tracked.cap, tracked.state) == (4, "tracked")
+    slurm.jobs[7] = job(7, state="COMPLETED", auto_resume=4)
+    ctl.reconcile_once()
+    tracked = ctl.store.job(7)
+    assert tracked is not None and tracked.state == "done"
+
+
+def test_heartbeats_survive_a_restart(tmp_path: Path) -> None:
+    from hyperpod_agent.controller.service import Heartbeat, Rejected
+
+    slurm = FakeSlurm(cluster(3))
+    ctl, clock = make(tmp_path, slurm)
+    ctl.ingest_heartbeat(Heartbeat("node1", "a", 4, clock.t))
+    ctl.reconcile_once()
+    again = Controller(
+        config(), Store(tmp_path / "s.db"), slurm, SparePoolProvider(slurm), clock=clock
+    )
+    with pytest.raises(Rejected, match="not newer"):
+        again.ingest_heartbeat(Heartbeat("node1", "a", 4, clock.t))
+
+
+def test_restart_after_crash_between_intent_and_apply_drains_once(tmp_path: Path) -> None:
+    class Crash(Exception):
+        pass
+
+    def crash() -> None:
+        raise Crash
+
+    slurm = FakeSlurm(cluster(10))
+    ctl, clock = make(tmp_path, slurm)
+    ctl.executor._crash_hook = crash
+    f = Finding(component="gpu0", code="xid46", status=Status.FAIL, action=Action.RESET)
+    ts = datetime.fromtimestamp(clock.t, UTC)
+    ctl.ingest_report(
+        NodeReport(
+            node="node4",
+            agent_id="a",
+            seq=1,
+            generated_at=ts,
+            verdict=Verdict.FAULTY,
+            results=[ProbeResult(probe="gpu", status=Status.FAIL, findings=[f], at=ts)],
+        )
+    )
+    with pytest.raises(Crash):
+        ctl.reconcile_once()
+    assert slurm.calls == []
+    restarted = Controller(
+        config(), Store(tmp_path / "s.db"), slurm, SparePoolProvider(slurm), clock=clock
+    )
+    for _ in range(3):
+        clock.t += 1
+        restarted.reconcile_once()
+    assert slurm.names("drain") == ["node4"]
+
+
+def test_odd_but_valid_reports_never_break_a_pass(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(3), [job(2**40, auto_resume=None, nodes=("node1",))])
+    ctl, clock = make(tmp_path, slurm)
+    ctl.ingest_report(
+        report("node1", 1, clock.t, faulty=True, urgent=True, opted={2**40: 2**70, 2**62: 5})
+    )
+    ctl.ingest_report(report("ghost", 1, clock.t, faulty=True))  # not in Slurm
+    assert ctl.reconcile_once() is not None
+    tracked = ctl.store.job(2**40)
+    assert tracked is not None and tracked.cap == 1000

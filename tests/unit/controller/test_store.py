@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hyperpod_agent.controller.store import MIGRATIONS, Store
+from hyperpod_agent.controller.store_rows import FaultIn, TrackedJob
+from hyperpod_agent.errors import ConfigError
+
+F0 = FaultIn("gpu0", "xid79", "FAIL", "REBOOT", True, "lost")
+F1 = FaultIn("ib0", "link_down", "FAIL", "RESET", False, "")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "state.db")
+
+
+def test_fresh_database_is_at_the_latest_version(store: Store) -> None:
+    assert store.schema_version() == len(MIGRATIONS)
+    mode = store._query("PRAGMA journal_mode")[0][0]
+    assert mode == "wal"
+
+
+def test_migrates_an_older_database_keeping_its_data(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = Store.__new__(Store)
+    old.path = path
+    old._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    import threading
+
+    old._lock = threading.RLock()
+    assert old.migrate(MIGRATIONS[:1]) == 1
+    old._db.execute("INSERT INTO nodes (name, verdict) VALUES ('node1', 'healthy')")
+    old.close()
+    store = Store(path)
+    assert store.schema_version() == 2
+    row = store.node_row("node1")
+    assert row is not None and row.verdict == "healthy" and row.jobs_opted_in == "{}"
+
+
+def test_refuses_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    Store(path).close()
+    db = sqlite3.connect(str(path))
+    db.execute("UPDATE schema_version SET version=99")
+    db.commit()
+    db.close()
+    with pytest.raises(ConfigError, match="schema version 99 is newer"):
+        Store(path)
+
+
+def test_unusable_path_is_a_config_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="cannot open state database"):
+        Store(blocker / "sub" / "state.db")
+
+
+def test_report_opens_updates_and_closes_faults(store: Store) -> None:
+    opened, closed = store.record_report("node2", "a", 1, 100.0, "faulty", "{}", [F0, F1], 101.0)
+    assert {f.code for f in opened} == {"xid79", "link_down"} and closed == []
+    opened, closed = store.record_report("node2", "a", 2, 110.0, "faulty", "{}", [F0], 111.0)
+    assert opened == [] and [f.code for f in closed] == ["link_down"]
+    [still] = store.open_faults()
+    assert (still.code, still.count, still.first_seen, still.last_seen) == ("xid79", 2, 100, 110)
+    store.record_report("node2", "a", 3, 120.0, "healthy", "{}", [], 121.0)
+    assert store.open_faults() == []
+    history = store.faults_since(0)
+    assert len(history) == 2 and all(f.closed_at is not None for f in history)
+    row = store.node_row("node2")
+    assert row is not None and (row.agent_id, row.seq, row.verdict) == ("a", 3, "healthy")
+
+
+def test_the_same_fault_again_is_a_new_occurrence(store: Store) -> None:
+    store.record_report("node2", "a", 1, 100.0, "faulty", "{}", [F0], 100.0)
+    store.record_report("node2", "a", 2, 110.0, "healthy", "{}", [], 110.0)
+    opened, _ = store.record_report("node2", "a", 3, 120.0, "faulty", "{}", [F0], 120.0)
+    assert len(opened) == 1 and len(store.faults_since(0)) == 2
+
+
+def test_heartbeats_never_move_backwards(store: Store) -> None:
+    store.record_heartbeats({"node1": ("a", 5, 200.0)})
+    store.record_heartbeats({"node1": ("a", 6, 150.0)})
+    row = store.node_row("node1")
+    assert row is not None and row.heartbeat_at == 200.0 and row.hb_seq == 6
+
+
+def test_actions_lifecycle(store: Store) -> None:
+    aid = store.add_action("drain", "node2", None, "hyperpod:reset gpu0 x", "cause", 10.0, {"k": 1})
+    [row] = store.open_actions()
+    assert (row.id, row.state, row.params) == (aid, "intent", {"k": 1})
+    store.update_action(aid, "intent", 11.0, attempts=1, error="busy", next_attempt_at=20.0)
+    row2 = store.action(aid)
+    assert row2 is not None and (row2.attempts, row2.error, row2.next_attempt_at) == (1, "busy", 20)
+    store.update_action(aid, "done", 12.0, attempts=2)
+    assert store.open_actions() == []
+    assert store.last_done("node2", "drain") == 12.0
+    assert store.last_done("node2", "resume") is None
+    assert [a.id for a in store.node_actions("node2")] == [aid]
+    assert [a.id for a in store.done_since(12.0)] == [aid]
+
+
+def test_actions_since_counts_requeues(store: Store) -> None:
+    for t in (10.0, 50.0, 70.0):
+        store.add_action("requeue", None, 7, "", "c", t)
+    assert store.actions_since("requeue", 40.0) == 2
+    assert [a.job_id for a in store.job_actions(7)] == [7, 7, 7]
+
+
+def test_jobs_round_trip(store: Store) -> None:
+    job = TrackedJob(7, 3, 1, "NODE_FAIL", "requeued", 5.0, 0, 120, 6.0)
+    store.upsert_job(job)
+    assert store.job(7) == job and store.jobs() == {7: job}
+    assert store.job(8) is None
+
+
+def test_events_paging(store: Store) -> None:
+    ids = [store.add_event("fault", f"m{i}", float(i), node=f"node{i % 2}") for i in range(10)]
+    assert [e.id for e in store.events(limit=3)] == ids[-3:]
+    assert [e.id for e in store.events(since_id=ids[2], limit=3)] == ids[3:6]
+    assert {e.node for e in store.events(node="node1")} == {"node1"}
+
+
+def test_committed_intent_survives_kill_9(tmp_path: Path) -> None:
+    path = tmp_path / "crash.db"
+    code = (
+        "import os, sys\n"
+        "from hyperpod_agent.controller.store import Store\n"
+        "s = Store(sys.argv[1])\n"
+        "s.add_action('drain', 'node2', None, 'hyperpod:reset gpu0 x', 'c', 1.0)\n"
+        "os._exit(137)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code, str(path)], timeout=30, check=False)
+    assert proc.returncode == 137
+    [row] = Store(path).open_actions()
+    assert (row.kind, row.node, row.state) == ("drain", "node2", "intent")
+
+
+def test_failed_transaction_leaves_nothing(store: Store) -> None:
+    with pytest.raises(sqlite3.IntegrityError):
+        store.upsert_job(TrackedJob(7, None, 0))  # type: ignore[arg-type]
+    assert store.jobs() == {}
+
+
+def test_prune_forgets_old_history_but_never_open_state(store: Store) -> None:
+    store.record_report("node1", "a", 1, 10.0, "faulty", "{}", [F0], 10.0)
+    store.record_report("node1", "a", 2, 20.0, "healthy", "{}", [], 20.0)  # closes F0
+    store.record_report("node2", "a", 1, 20.0, "faulty", "{}", [F1], 20.0)  # stays open
+    old_done = store.add_action("drain", "node1", None, "r", "c", 10.0)
+    store.update_action(old_done, "done", 10.0)
+    open_intent = store.add_action("drain", "node3", None, "r", "c", 10.0)
+    store.add_event("fault", "old", 10.0)
+    store.add_event("fault", "new", 500.0)
+    store.upsert_job(TrackedJob(7, 3, 0, "", "done", updated_at=10.0))
+    store.upsert_job(TrackedJob(8, 3, 0, "", "tracked", updated_at=10.0))
+    assert store.prune(100.0) == 4
+    assert [e.message for e in store.events()] == ["new"]
+    assert [f.node for f in store.faults_since(0)] == ["node2"]
+    assert [a.id for a in store.open_actions()] == [open_intent]
+    assert store.action(old_done) is None
+    assert set(store.jobs()) == {8}
