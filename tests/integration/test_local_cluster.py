@@ -33,8 +33,10 @@ def test_nodes_idle_and_spare_held_out(local_cluster: LocalCluster) -> None:
 
 def test_two_node_batch_job_runs_on_two_distinct_nodes(local_cluster: LocalCluster) -> None:
     out = local_cluster.dir / "out" / "two-node-%j.out"
-    res = run(["sbatch", "--parsable", "--wait", "-N2", "-o", str(out),
-               "--wrap", "srun hostname"], env=local_cluster.env)
+    res = run(
+        ["sbatch", "--parsable", "--wait", "-N2", "-o", str(out), "--wrap", "srun hostname"],
+        env=local_cluster.env,
+    )
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().split(";")[0]
     hosts = Path(str(out).replace("%j", job)).read_text().split()
@@ -44,9 +46,21 @@ def test_two_node_batch_job_runs_on_two_distinct_nodes(local_cluster: LocalClust
 
 def test_up_twice_is_safe(local_cluster: LocalCluster) -> None:
     shape = local_cluster.shape
-    res = run([*HYPERPOD, "local-cluster", "up", "--dir", str(local_cluster.dir),
-               "--nodes", str(shape.nodes), "--spares", str(shape.spares),
-               "--port-base", str(shape.port_base)])
+    res = run(
+        [
+            *HYPERPOD,
+            "local-cluster",
+            "up",
+            "--dir",
+            str(local_cluster.dir),
+            "--nodes",
+            str(shape.nodes),
+            "--spares",
+            str(shape.spares),
+            "--port-base",
+            str(shape.port_base),
+        ]
+    )
     assert res.returncode == 0, res.stderr
     assert "already running" in res.stderr
     assert res.stdout.strip() == f"export SLURM_CONF={local_cluster.slurm_conf}"
@@ -55,8 +69,19 @@ def test_up_twice_is_safe(local_cluster: LocalCluster) -> None:
 def test_up_with_another_shape_on_a_running_cluster_is_refused(
     local_cluster: LocalCluster,
 ) -> None:
-    res = run([*HYPERPOD, "local-cluster", "up", "--dir", str(local_cluster.dir),
-               "--nodes", "2", "--port-base", str(local_cluster.shape.port_base)])
+    res = run(
+        [
+            *HYPERPOD,
+            "local-cluster",
+            "up",
+            "--dir",
+            str(local_cluster.dir),
+            "--nodes",
+            "2",
+            "--port-base",
+            str(local_cluster.shape.port_base),
+        ]
+    )
     assert res.returncode != 0
     assert "different local cluster" in res.stderr
     assert local_cluster.running()
@@ -73,8 +98,13 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
         pids = list(cluster.owned_pids().values())
         assert len(pids) == 5  # munged, slurmctld, 3 slurmd
         # a running job leaves slurmstepd and a task in the nodes' namespaces
-        subprocess.run(["sbatch", "-N2", "--wrap", "srun sleep 300"], env=cluster.env,
-                       check=True, capture_output=True, timeout=30)
+        subprocess.run(
+            ["sbatch", "-N2", "--wrap", "srun sleep 300"],
+            env=cluster.env,
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
         deadline = time.monotonic() + 30
         while len(cluster.namespace_pids()) <= 3 and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -116,8 +146,16 @@ def test_up_after_a_crash_handles_stale_pid_files(tmp_path: Path) -> None:
 def test_bad_input_is_one_line_and_starts_nothing(
     tmp_path: Path, args: list[str], message: str
 ) -> None:
-    argv = [*HYPERPOD, "local-cluster", "up", "--dir", str(tmp_path / "c"),
-            "--port-base", "20017", *args]
+    argv = [
+        *HYPERPOD,
+        "local-cluster",
+        "up",
+        "--dir",
+        str(tmp_path / "c"),
+        "--port-base",
+        "20017",
+        *args,
+    ]
     res = run(argv)
     assert res.returncode != 0
     assert message in res.stderr
@@ -130,8 +168,21 @@ def test_port_in_use_is_refused_before_anything_starts(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 20117 + 11))  # node1's port
         s.listen()
-        res = run([*HYPERPOD, "local-cluster", "up", "--dir", str(tmp_path / "c"),
-                   "--nodes", "1", "--spares", "0", "--port-base", "20117"])
+        res = run(
+            [
+                *HYPERPOD,
+                "local-cluster",
+                "up",
+                "--dir",
+                str(tmp_path / "c"),
+                "--nodes",
+                "1",
+                "--spares",
+                "0",
+                "--port-base",
+                "20117",
+            ]
+        )
     assert res.returncode != 0
     assert "port 20128 on 127.0.0.1 is in use" in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1
@@ -147,8 +198,19 @@ def test_commands_on_a_missing_cluster_fail_clearly(tmp_path: Path) -> None:
 
 
 def test_non_root_is_refused_with_a_clear_message(tmp_path: Path) -> None:
-    argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *HYPERPOD,
-            "local-cluster", "up", "--dir", str(tmp_path / "c"), "--port-base", "20217"]
+    argv = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        *HYPERPOD,
+        "local-cluster",
+        "up",
+        "--dir",
+        str(tmp_path / "c"),
+        "--port-base",
+        "20217",
+    ]
     res = run(argv, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert res.returncode != 0
     assert "needs root" in res.stderr

@@ -31,7 +31,7 @@ def test_slurm_conf_has_the_hooks_later_parts_need() -> None:
 
 def test_spares_are_in_the_partition_but_drained() -> None:
     conf = render.slurm_conf(shape(spares=2), "head")
-    assert 'NodeName=node5 NodeAddr=127.0.0.1 Port=17015' in conf
+    assert "NodeName=node5 NodeAddr=127.0.0.1 Port=17015" in conf
     assert 'State=DRAIN Reason="hyperpod:spare"' in conf.splitlines()[-2]
     assert conf.count('Reason="hyperpod:spare"') == 2
     assert "Nodes=node1,node2,node3,node4,node5,node6 " in conf
