@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
 
-from hyperpod_agent.auth import AuthError, Identity, ServerAuth
+from hyperpod_agent.auth import AuthError, Identity, ServerAuth, require_node
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.api_guard import Guard, error_response, validation_message
 from hyperpod_agent.controller.api_models import (
@@ -98,6 +98,31 @@ def _action(a: ActionRow) -> ActionOut:
     )
 
 
+def _parse_since(value: str) -> tuple[int, float | None]:
+    """``since`` as (event id, epoch seconds): a number is an id, else an ISO time."""
+    if value.isdigit():
+        if int(value) > 2**62:
+            raise RequestValidationError(
+                [{"loc": ("query", "since"), "msg": "event id too large", "type": "value_error"}]
+            )
+        return int(value), None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", "since"),
+                    "msg": f"expected an event id or an ISO 8601 time, got {value!r}",
+                    "type": "value_error",
+                }
+            ]
+        ) from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return 0, at.timestamp()
+
+
 def _event(e: EventRow) -> EventOut:
     return EventOut(
         id=e.id,
@@ -150,9 +175,9 @@ def create_app(controller: Controller, auth: ServerAuth) -> ASGIApp:
         return error_response(500, "internal", f"internal error: {type(exc).__name__}")
 
     def _own(request: Request, node: str) -> None:
-        identity = _identity(request)
-        if not identity.is_admin and identity.node != node:
-            raise AuthError(f"identity for node {identity.node!r} may not speak for {node!r}", 403)
+        # Only the node itself may report its state, admins included: an admin who
+        # wants a node out drains it through the actions endpoint, with a reason.
+        require_node(_identity(request), node)
 
     @app.post("/v1/reports", response_model=Accepted, responses=ERRORS)
     def post_report(report: NodeReport, request: Request) -> Accepted:
@@ -283,12 +308,17 @@ def create_app(controller: Controller, auth: ServerAuth) -> ASGIApp:
     @app.get("/v1/events", response_model=list[EventOut], responses=ERRORS)
     def events(
         request: Request,
-        since: int = Query(default=0, ge=0, le=2**62, description="return events after this id"),
+        since: str = Query(
+            default="0",
+            max_length=64,
+            description="events after this: an event id, or an ISO 8601 time",
+        ),
         node: str | None = Query(default=None, max_length=64),
         limit: int = Query(default=100, ge=1, le=1000),
     ) -> list[EventOut]:
         _identity(request)
-        return [_event(e) for e in controller.store.events(since, node, limit)]
+        since_id, since_at = _parse_since(since)
+        return [_event(e) for e in controller.store.events(since_id, node, limit, since_at=since_at)]
 
     @app.post(
         "/v1/nodes/{name}/actions", status_code=202, response_model=ActionAccepted, responses=ERRORS

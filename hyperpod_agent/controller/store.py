@@ -395,9 +395,14 @@ class Store:
         node: str | None = None,
         limit: int = 100,
         job_id: int | None = None,
+        since_at: float | None = None,
     ) -> list[EventRow]:
         sql = f"SELECT {EventRow.COLUMNS} FROM events WHERE id>?"
         args: list[Any] = [since_id]
+        if since_at is not None:
+            sql += " AND at>?"
+            args.append(since_at)
+            since_id = max(since_id, 1)  # page forward from the oldest match
         if node is not None:
             sql += " AND node=?"
             args.append(node)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import urllib.parse
 import time
 import warnings
 from collections.abc import Iterator
@@ -203,8 +204,29 @@ def test_a_node_may_not_report_for_another(api: Api) -> None:
     assert "node3" in error_of(resp)["message"] and nothing_stored(api)
 
 
-def test_admin_may_report_for_any_node(api: Api) -> None:
-    assert api.post("/v1/reports", report("node3"), who="admin").status_code == 200
+def test_an_admin_may_not_report_a_nodes_state_either(api: Api) -> None:
+    # Admins act through /v1/nodes/{name}/actions, with a reason, never by
+    # impersonating an agent.
+    resp = api.post("/v1/reports", report("node3"), who="admin")
+    assert resp.status_code == 403
+    assert "node3" in error_of(resp)["message"] and nothing_stored(api)
+
+
+def test_events_since_an_iso_time(api: Api) -> None:
+    assert api.post("/v1/reports", report()).status_code == 200
+    api.controller.reconcile_once()
+    events = api.get("/v1/events").json()
+    assert events
+    assert api.get("/v1/events?since=2000-01-01T00:00:00Z").json() == events
+    assert api.get("/v1/events?since=2999-01-01T00:00:00").json() == []
+    last = events[-1]["at"]
+    later = api.get(f"/v1/events?since={urllib.parse.quote(last)}").json()
+    # Stored times have sub-microsecond digits the ISO form drops: >= at the edge.
+    assert all(e["at"] >= last for e in later) and len(later) <= len(events)
+    assert {e["id"] for e in later} <= {e["id"] for e in events}
+    resp = api.get("/v1/events?since=yesterday")
+    assert resp.status_code == 422
+    assert "ISO 8601" in error_of(resp)["message"]
 
 
 def test_replayed_report_is_409(api: Api) -> None:
