@@ -157,10 +157,9 @@ class Services:
         }
 
     def write_configs(self) -> None:
+        from hyperpod_agent.admin.config import AdminConfig
         from hyperpod_agent.agent.config import AgentConfig
         from hyperpod_agent.controller.config import ControllerConfig
-
-        from hyperpod_agent.admin.config import AdminConfig
 
         etc = self.dir / "etc"
         ControllerConfig.model_validate(self.controller_config())
