@@ -318,7 +318,9 @@ def create_app(controller: Controller, auth: ServerAuth) -> ASGIApp:
     ) -> list[EventOut]:
         _identity(request)
         since_id, since_at = _parse_since(since)
-        return [_event(e) for e in controller.store.events(since_id, node, limit, since_at=since_at)]
+        return [
+            _event(e) for e in controller.store.events(since_id, node, limit, since_at=since_at)
+        ]
 
     @app.post(
         "/v1/nodes/{name}/actions", status_code=202, response_model=ActionAccepted, responses=ERRORS

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import urllib.parse
 import time
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
