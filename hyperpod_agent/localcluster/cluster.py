@@ -8,6 +8,7 @@ port per node. Everything lives under one directory; the machine's /etc/slurm an
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -361,18 +362,24 @@ class LocalCluster:
 
     def node_reboot(self, name: str) -> int:
         """A fake reboot: stop the slurmd and start it with a fresh boot time, so
-        slurmctld sees the node come back as rebooted."""
+        slurmctld sees the node come back as rebooted. A reboot already under way
+        for the node makes this one a no-op (slurmctld may run RebootProgram twice)."""
         self._check_node(name)
-        pid = self.slurmd_pid(name)
-        if pid is not None:
-            procs.stop([pid])
-        # slurmctld accepts the reboot as done only if the boot time it is told is
-        # later than the second it issued the request in.
-        time.sleep(1.0)
-        pid = self.node_start(name, fresh_boot=True)
-        if self.has_services():
-            self.services.reboot_node(name)
-        return pid
+        with open(self._run(f"reboot-{name}.lock"), "w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise LocalClusterError(f"{name}: a reboot is already under way") from None
+            pid = self.slurmd_pid(name)
+            if pid is not None:
+                procs.stop([pid])
+            # slurmctld accepts the reboot as done only if the boot time it is told
+            # is later than the second it issued the request in.
+            time.sleep(1.0)
+            pid = self.node_start(name, fresh_boot=True)
+            if self.has_services():
+                self.services.reboot_node(name)
+            return pid
 
     def _check_node(self, name: str) -> None:
         if name not in self.shape.all_names:

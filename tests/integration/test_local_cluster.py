@@ -215,3 +215,26 @@ def test_non_root_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     assert res.returncode != 0
     assert "needs root" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_node_reboot_gives_a_new_boot_time_and_refuses_a_second_at_once(
+    local_cluster: LocalCluster,
+) -> None:
+    import fcntl
+
+    from hyperpod_agent.errors import LocalClusterError
+    from hyperpod_agent.slurm.client import SlurmClient
+
+    slurm = SlurmClient(slurm_conf=local_cluster.slurm_conf)
+    before = slurm.node("node4")
+    old_pid = local_cluster.slurmd_pid("node4")
+    with open(local_cluster.dir / "run" / "reboot-node4.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(LocalClusterError, match="already under way"):
+            local_cluster.node_reboot("node4")
+    assert local_cluster.slurmd_pid("node4") == old_pid
+    new_pid = local_cluster.node_reboot("node4")
+    assert new_pid != old_pid
+    local_cluster.wait_idle(["node4"], timeout=30)
+    after = slurm.node("node4")
+    assert before.boot_time and after.boot_time and after.boot_time > before.boot_time
