@@ -1,0 +1,150 @@
+"""Restore: find the newest step complete for every rank and read this rank's shard of it."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from hyperpod_agent.checkpoint import _torch, layout, metrics, restore
+from hyperpod_agent.checkpoint.errors import CheckpointError, CorruptShardError, ReplicaError
+from hyperpod_agent.checkpoint.replica import ReplicaClient
+
+if TYPE_CHECKING:
+    from hyperpod_agent.checkpoint.checkpointer import Checkpointer
+
+log = logging.getLogger(__name__)
+
+PeerViews = list[tuple[restore.PeerSource, dict[int, set[int]]]]
+
+
+def _peer_views(ck: Checkpointer) -> PeerViews:
+    out = []
+    for node in sorted(ck.peers):
+        if node == ck.node:
+            continue  # our own server serves the memory directory we read directly
+        host, port = ck.peers[node]
+        client = ReplicaClient(
+            host, port, node, timeout=ck.peer_timeout, connect_timeout=min(3.0, ck.peer_timeout)
+        )
+        try:
+            out.append((restore.PeerSource(node, client), client.steps()))
+        except ReplicaError as exc:
+            log.warning("rank %d: peer %s not consulted: %s", ck.rank, node, exc)
+            client.close()
+    return out
+
+
+class _Views:
+    """What every tier holds, listed once per restore."""
+
+    def __init__(self, ck: Checkpointer):
+        self.local = layout.scan(ck.memory_dir)
+        self.peers = _peer_views(ck)
+        self.durable = {s for s, i in layout.scan(ck.persistent_dir).items() if i.committed}
+
+    def candidates(self, world_size: int) -> list[int]:
+        """Steps complete in the fast tiers (all nodes together) or committed, newest first."""
+        fast: dict[int, set[int]] = {s: set(i.ranks) for s, i in self.local.items()}
+        for _, view in self.peers:
+            for s, ranks in view.items():
+                fast.setdefault(s, set()).update(ranks)
+        everyone = set(range(world_size))
+        return sorted({s for s, r in fast.items() if r >= everyone} | self.durable, reverse=True)
+
+    def sources(self, ck: Checkpointer, step: int) -> list[restore.Source]:
+        """Where this rank's shard of ``step`` can be read, fastest first."""
+        out: list[restore.Source] = []
+        if step in self.local and ck.rank in self.local[step].ranks:
+            out.append(restore.DirSource("memory", ck.memory_dir))
+        out += [src for src, view in self.peers if ck.rank in view.get(step, ())]
+        if step in self.durable:
+            out.append(restore.DirSource("persistent", ck.persistent_dir))
+        return out
+
+    def close(self) -> None:
+        for src, _ in self.peers:
+            src.client.close()
+
+
+def _try_step(
+    ck: Checkpointer, views: _Views, step: int, template: Any, fallbacks: list[str]
+) -> tuple[bool, Any]:
+    for src in views.sources(ck, step):
+        try:
+            value = restore.read_state(src, step, ck.rank, ck.world_size, template)
+        except (CorruptShardError, ReplicaError) as exc:
+            why = f"step {step} rank {ck.rank}: {src.tier} tier: {exc}"
+            log.warning("%s; trying the next source", why)
+            metrics.FALLBACKS.labels(src.tier).inc()
+            fallbacks.append(why)
+            continue
+        where = getattr(src, "node", None) or str(getattr(src, "root", ""))
+        ck.last_restore = restore.RestoreInfo(step, src.tier, where, fallbacks)
+        metrics.RESTORES.labels(src.tier).inc()
+        log.info("rank %d: restored step %d from the %s tier (%s)", ck.rank, step, src.tier, where)
+        return True, value
+    return False, None
+
+
+def load_step(ck: Checkpointer, step: int, template: Any = None) -> Any:
+    """Restore ``step`` or raise CheckpointError saying what was tried."""
+    views = _Views(ck)
+    fallbacks: list[str] = []
+    try:
+        ok, value = _try_step(ck, views, step, template, fallbacks)
+    finally:
+        views.close()
+    if not ok:
+        tried = "; ".join(fallbacks) or "no tier holds it"
+        raise CheckpointError(f"step {step} rank {ck.rank}: cannot be restored: {tried}")
+    return value
+
+
+def load_latest(ck: Checkpointer, template: Any, agree: bool | None) -> tuple[int, Any] | None:
+    """See ``Checkpointer.load_latest``."""
+    views = _Views(ck)
+    fallbacks: list[str] = []
+    found: tuple[int, Any] | None = None
+    try:
+        for step in views.candidates(ck.world_size):
+            ok, value = _try_step(ck, views, step, template, fallbacks)
+            if ok:
+                found = (step, value)
+                break
+    finally:
+        views.close()
+    if found is None:
+        ck.last_restore = None
+    if agree is None:
+        agree = ck.world_size > 1 and _dist_ready()
+    if not agree:
+        return found
+    agreed = _all_min(found[0] if found else -1)
+    if found is not None and agreed == found[0]:
+        return found
+    if agreed < 0:
+        log.warning("rank %d: another rank has no restorable step; starting fresh", ck.rank)
+        ck.last_restore = None
+        return None
+    log.warning("rank %d: restoring step %d, the newest every rank can restore", ck.rank, agreed)
+    return agreed, load_step(ck, agreed, template)
+
+
+def _dist_ready() -> bool:
+    if not _torch.torch_loaded():
+        return False
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+def _all_min(value: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu"
+    if dist.get_backend() == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())

@@ -1,0 +1,316 @@
+"""Peer replica tier: a small TCP server that keeps other nodes' shards in its memory tier.
+
+Wire format, one request after another on a connection: a 4-byte big-endian length, a JSON
+header, then ``size`` bytes of body if the header says so. Replies use the same framing.
+
+    {"op": "put", "step": S, "name": "rank-00003.bin", "size": N}  + N bytes -> {"ok": true}
+    {"op": "get", "step": S, "name": "rank-00003.json"}            -> {"ok": true, "size": N} + N
+    {"op": "list"}                                  -> {"ok": true, "steps": {"S": [ranks]}}
+    {"op": "prune", "ranks": [..], "keep": K}       -> {"ok": true, "removed": [S, ..]}
+
+The server stores files with the same crash-safe layout as the memory tier (it serves that
+directory), checks every name against the shard pattern and every size against a limit, and
+answers a bad request with an error instead of failing. Integrity is end to end: the rank
+metadata carries the checksums, verified by the reader.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import socketserver
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hyperpod_agent.checkpoint import layout
+from hyperpod_agent.checkpoint.errors import ReplicaError
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER = 1 << 20
+DEFAULT_MAX_BODY = 64 << 30
+_CHUNK = 8 << 20
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if not k:
+            raise ConnectionError("connection closed")
+        got += k
+    return bytes(buf)
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        k = sock.recv_into(view[got:], min(_CHUNK, len(view) - got))
+        if not k:
+            raise ConnectionError("connection closed mid-body")
+        got += k
+
+
+def _stream(sock: socket.socket, size: int) -> Iterator[memoryview]:
+    """Yield a body of ``size`` bytes in chunks through one reused buffer (no full copy)."""
+    buf = bytearray(min(size, _CHUNK))
+    view = memoryview(buf)
+    left = size
+    while left:
+        part = view[: min(left, len(buf))]
+        _recv_into(sock, part)
+        left -= len(part)
+        yield part
+
+
+def send_msg(sock: socket.socket, header: dict[str, Any], body: Any = None) -> None:
+    """Send one framed message."""
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    sock.sendall(struct.pack(">I", len(raw)) + raw)
+    if body is not None:
+        view = memoryview(body).cast("B")
+        for start in range(0, len(view), _CHUNK):
+            sock.sendall(view[start : start + _CHUNK])
+
+
+def recv_header(sock: socket.socket) -> dict[str, Any] | None:
+    """Receive one header; None on a clean end of connection."""
+    first = sock.recv(4, socket.MSG_WAITALL)
+    if not first:
+        return None
+    if len(first) < 4:
+        raise ConnectionError("truncated frame")
+    (n,) = struct.unpack(">I", first)
+    if n > MAX_HEADER:
+        raise ValueError(f"header of {n} bytes exceeds {MAX_HEADER}")
+    obj = json.loads(_recv_exact(sock, n))
+    if not isinstance(obj, dict):
+        raise ValueError("header is not a JSON object")
+    return obj
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: ReplicaServer._Server
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        sock.settimeout(self.server.owner.io_timeout)
+        peer = self.client_address
+        while True:
+            try:
+                header = recv_header(sock)
+                if header is None:
+                    return
+                self.server.owner.dispatch(sock, header)
+            except (ValueError, KeyError, TypeError) as exc:
+                # A bad request is answered and the connection closed; the server goes on.
+                log.warning("replica server: bad request from %s: %s", peer, exc)
+                try:
+                    send_msg(sock, {"ok": False, "error": str(exc)})
+                except OSError:
+                    pass
+                return
+            except (OSError, ConnectionError) as exc:
+                log.debug("replica server: connection from %s ended: %s", peer, exc)
+                return
+
+
+class ReplicaServer:
+    """Serve a memory-tier directory to peers: store their shards and hand shards back."""
+
+    class _Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+        owner: ReplicaServer
+
+    def __init__(
+        self,
+        root: Path,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body: int = DEFAULT_MAX_BODY,
+        io_timeout: float = 60.0,
+    ):
+        self.root = layout.ensure_dir(Path(root), "replica directory")
+        self.max_body = max_body
+        self.io_timeout = io_timeout
+        try:
+            self._server = self._Server((host, port), _Handler)
+        except OSError as exc:
+            raise ReplicaError(
+                f"replica server: couldn't listen on {host}:{port}: {exc.strerror or exc}"
+            ) from exc
+        self._server.owner = self
+        self._thread: threading.Thread | None = None
+        self._serving = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) the server listens on."""
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> ReplicaServer:
+        """Serve in a daemon thread (for hosting inside a training process or the node agent)."""
+        self._serving = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever,
+            args=(0.1,),
+            name="hyperpod-ckpt-replica",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve in the calling thread until :meth:`stop`."""
+        self._serving = True
+        self._server.serve_forever()
+
+    def stop(self) -> None:
+        """Stop serving (if serving) and close the socket."""
+        if self._serving:
+            self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _path(self, header: dict[str, Any]) -> Path:
+        step, name = header["step"], header["name"]
+        if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 10**10:
+            raise ValueError(f"bad step {step!r}")
+        if not isinstance(name, str) or not layout.valid_shard_name(name):
+            raise ValueError(f"bad shard name {name!r}")
+        return layout.step_dir(self.root, step) / name
+
+    def dispatch(self, sock: socket.socket, header: dict[str, Any]) -> None:
+        """Carry out one request."""
+        op = header.get("op")
+        if op == "put":
+            path = self._path(header)
+            size = header["size"]
+            if not isinstance(size, int) or not 0 <= size <= self.max_body:
+                raise ValueError(f"bad size {size!r}")
+            layout.atomic_write(path, _stream(sock, size))
+            send_msg(sock, {"ok": True})
+        elif op == "get":
+            path = self._path(header)
+            try:
+                with open(path, "rb") as f:
+                    size = f.seek(0, 2)
+                    f.seek(0)
+                    send_msg(sock, {"ok": True, "size": size})
+                    if size:
+                        sock.sendfile(f)
+            except FileNotFoundError:
+                send_msg(
+                    sock, {"ok": False, "error": f"{path.name} of step {header['step']}: not here"}
+                )
+        elif op == "list":
+            steps = {str(s): sorted(i.ranks) for s, i in layout.scan(self.root).items()}
+            send_msg(sock, {"ok": True, "steps": steps})
+        elif op == "prune":
+            ranks, keep = header["ranks"], header["keep"]
+            if not isinstance(keep, int) or not all(isinstance(r, int) for r in ranks):
+                raise ValueError("prune needs int keep and int ranks")
+            send_msg(sock, {"ok": True, "removed": layout.prune(self.root, keep, ranks)})
+        else:
+            raise ValueError(f"unknown op {op!r}")
+
+
+class ReplicaClient:
+    """Talk to one peer's replica server; one connection, reopened on failure."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        node: str = "",
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+    ):
+        self.host, self.port, self.node = host, port, node or f"{host}:{port}"
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._sock: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def _connect(self) -> socket.socket:
+        if self._sock is not None:
+            return self._sock
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+                self._sock = sock
+                return sock
+            except OSError as exc:
+                # The peer's server may still be starting (its job step starts at its own pace).
+                if time.monotonic() >= deadline:
+                    raise ReplicaError(
+                        f"peer {self.node} ({self.host}:{self.port}): couldn't "
+                        f"connect: {exc.strerror or exc}"
+                    ) from exc
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _call(
+        self,
+        header: dict[str, Any],
+        body: Any = None,
+    ) -> tuple[dict[str, Any], np.ndarray | None]:
+        with self._lock:
+            try:
+                sock = self._connect()
+                send_msg(sock, header, body)
+                reply = recv_header(sock)
+                if reply is None:
+                    raise ConnectionError("connection closed")
+                if not reply.get("ok"):
+                    self.close()
+                    raise ReplicaError(f"peer {self.node}: {reply.get('error', 'refused')}")
+                data = None
+                if "size" in reply and header["op"] == "get":
+                    data = np.empty(int(reply["size"]), dtype=np.uint8)
+                    _recv_into(sock, data.data)
+                return reply, data
+            except ReplicaError:
+                raise
+            except (OSError, ConnectionError, ValueError) as exc:
+                self.close()
+                raise ReplicaError(f"peer {self.node}: {header['op']} failed: {exc}") from exc
+
+    def put(self, step: int, name: str, body: Any) -> None:
+        """Store one shard file on the peer."""
+        size = memoryview(body).nbytes
+        self._call({"op": "put", "step": step, "name": name, "size": size}, body)
+
+    def get(self, step: int, name: str) -> np.ndarray:
+        """Fetch one shard file from the peer."""
+        _, data = self._call({"op": "get", "step": step, "name": name})
+        assert data is not None
+        return data
+
+    def steps(self) -> dict[int, set[int]]:
+        """Steps the peer holds -> ranks with complete shards."""
+        reply, _ = self._call({"op": "list"})
+        return {int(s): set(r) for s, r in reply["steps"].items()}
+
+    def prune(self, ranks: list[int], keep: int) -> list[int]:
+        """Apply retention to the given ranks' replicas on the peer."""
+        reply, _ = self._call({"op": "prune", "ranks": ranks, "keep": keep})
+        return list(reply["removed"])

@@ -1,0 +1,95 @@
+"""Fixtures for the checkpoint tests: tier directories and free loopback ports."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hyperpod_agent.checkpoint import Checkpointer
+
+PORT_BASE = 24817
+_ports = itertools.count(PORT_BASE + 40)
+
+
+def free_port() -> int:
+    """A loopback port in this suite's range that nothing listens on."""
+    for port in _ports:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("unreachable")
+
+
+@pytest.fixture
+def tiers(tmp_path: Path) -> dict[str, Path]:
+    """A persistent root and two nodes' memory roots."""
+    return {
+        "persistent": tmp_path / "persistent",
+        "mem1": tmp_path / "mem1",
+        "mem2": tmp_path / "mem2",
+    }
+
+
+@pytest.fixture
+def make_ckpt(tiers: dict[str, Path]) -> Iterator[Callable[..., Checkpointer]]:
+    """Build Checkpointers that are closed at the end of the test."""
+    made: list[Checkpointer] = []
+
+    def make(**kwargs: Any) -> Checkpointer:
+        kwargs.setdefault("memory_dir", tiers["mem1"])
+        ckpt = Checkpointer(tiers["persistent"], **kwargs)
+        made.append(ckpt)
+        return ckpt
+
+    yield make
+    for ckpt in made:
+        ckpt.close()
+
+
+def sample_state(step: int) -> dict[str, Any]:
+    """A small nested state whose values depend on the step."""
+    rng = np.random.default_rng(step)
+    return {
+        "model": {
+            "w": rng.standard_normal((16, 8)).astype(np.float32),
+            "b": np.full(8, step, dtype=np.int64),
+        },
+        "optim": {"state": {0: {"m": rng.standard_normal(32)}}, "lr": 0.1 * step},
+        "step": step,
+        "tag": f"s{step}",
+        "blob": bytes([step % 256]) * 5,
+    }
+
+
+def assert_same(a: Any, b: Any, path: str = "") -> None:
+    """Deep, bit-exact equality including dtype, shape and container types."""
+    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
+    if isinstance(a, dict):
+        assert list(a) == list(b), path
+        for k in a:
+            assert_same(a[k], b[k], f"{path}/{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}/{i}")
+    elif isinstance(a, np.ndarray | np.generic):
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), path
+    elif type(a).__module__ == "torch":
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert bytes(a.contiguous().view(-1).view(__import__("torch").uint8).numpy()) == bytes(
+            b.contiguous().view(-1).view(__import__("torch").uint8).numpy()
+        ), path
+    elif isinstance(a, float) and a != a:
+        assert b != b, path
+    else:
+        assert a == b, path
