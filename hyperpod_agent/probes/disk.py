@@ -115,11 +115,16 @@ class IoResult:
 
 
 def read_mountinfo(context: ProbeContext) -> dict[str, MountEntry]:
-    """The mount table of this process's mount namespace."""
-    text = read_text(under(context.procfs_root, "/self/mountinfo"))
-    if text is None:
-        raise FileNotFoundError("no /proc/self/mountinfo under the procfs root")
-    return parse_mountinfo(text)
+    """The node's mount table: PID 1's mount namespace, the one jobs see.
+
+    Not our own: under the unit's ProtectSystem=/ProtectHome= the agent sees / and
+    /home bind-remounted read-only, which is not a fault of the node.
+    """
+    for source in ("/1/mountinfo", "/self/mountinfo"):
+        text = read_text(under(context.procfs_root, source))
+        if text is not None:
+            return parse_mountinfo(text)
+    raise FileNotFoundError("no /proc/1/mountinfo or /proc/self/mountinfo under the procfs root")
 
 
 def judge_space(check: MountCheck, space: Space) -> list[Finding]:

@@ -183,9 +183,6 @@ def test_sdist_has_the_package_and_build_files(built: Built) -> None:
     assert source_files() - names == set()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="no MANIFEST.in yet: the sdist holds only the Python package"
-)
 def test_sdist_has_the_deployment_files(built: Built) -> None:
     # provision and the SPANK build read these from a source tree (hyperpod provision
     # --source); a release tarball without them cannot deploy a node.

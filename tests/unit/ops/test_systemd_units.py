@@ -389,11 +389,6 @@ def test_sandbox_harness_leaves_a_writable_root_alone(tmp_path: Path) -> None:
 
 
 @pytest.mark.root
-@pytest.mark.xfail(
-    strict=True,
-    reason="ProtectSystem=strict makes / read-only in the agent's mount namespace; the "
-    "disk probe reads /proc/self/mountinfo and reports fs_readonly (REBOOT) for /",
-)
 def test_agent_default_disk_probe_is_ok_inside_the_unit_sandbox(tmp_path: Path) -> None:
     proc = run_sandboxed(one(load("hyperpod-agent"), "Service", "ProtectSystem"), tmp_path)
     assert proc.returncode == 0, proc.stderr
