@@ -166,6 +166,15 @@ def node_kill(node: str, sig: str, dir_: Path) -> None:
     click.echo(f"{node}: sent SIG{sig.upper().removeprefix('SIG')} to slurmd {pid}", err=True)
 
 
+@local_cluster.command("node-crash")
+@click.argument("node")
+@dir_option
+def node_crash(node: str, dir_: Path) -> None:
+    """Kill NODE's slurmd and every process on it (a machine failure)."""
+    pids = _load(dir_).node_crash(node)
+    click.echo(f"{node}: killed {len(pids)} process(es)", err=True)
+
+
 @local_cluster.command("node-start")
 @click.argument("node")
 @dir_option

@@ -198,7 +198,8 @@ class LocalCluster:
         ):
             (d / sub).mkdir(parents=True, exist_ok=True)
         # A fresh start: no old jobs, job ids from 1, clean logs.
-        for sub in ("state", "spool", "autoresume", "log"):
+        shutil.rmtree(self.shape.memory_root, ignore_errors=True)
+        for sub in ("state", "spool", "autoresume", "log", "checkpoints"):
             shutil.rmtree(d / sub, ignore_errors=True)
             (d / sub).mkdir()
         (d / "autoresume").chmod(0o755)  # only slurmstepd (root) writes markers
@@ -210,6 +211,7 @@ class LocalCluster:
             d / "etc" / "job_submit.lua": render.JOB_SUBMIT_LUA,
             d / "hooks" / "reboot.sh": render.reboot_sh(self.shape, sys.executable),
             d / "hooks" / "epilog_ctld.sh": render.epilog_ctld_sh(self.shape),
+            d / "hooks" / "task_prolog.sh": render.task_prolog_sh(self.shape),
         }
         for path, text in files.items():
             path.write_text(text)
@@ -279,7 +281,7 @@ class LocalCluster:
             )
         procs.write_pidfile(self._run("munged.pid"), int(pidfile.read_text().split()[0]))
 
-    def _spawn(self, argv: list[str], logname: str) -> int:
+    def _spawn(self, argv: list[str], logname: str, env: dict[str, str] | None = None) -> int:
         """Start a daemon in its own session, detached from us: no Popen object that
         would outlive its process, output appended to ``log/<logname>``."""
         actions = [
@@ -293,7 +295,9 @@ class LocalCluster:
             ),
             (os.POSIX_SPAWN_DUP2, 1, 2),
         ]
-        return os.posix_spawnp(argv[0], argv, self.env, file_actions=actions, setsid=True)
+        return os.posix_spawnp(
+            argv[0], argv, {**self.env, **(env or {})}, file_actions=actions, setsid=True
+        )
 
     def _start_slurmctld(self) -> None:
         pid = self._spawn(
@@ -359,6 +363,22 @@ class LocalCluster:
             raise LocalClusterError(f"{name}: slurmd is not running")
         os.kill(pid, getattr(signal, f"SIG{sig.upper().removeprefix('SIG')}"))
         return pid
+
+    def node_crash(self, name: str) -> list[int]:
+        """The whole node dies at once: SIGKILL to its slurmd and to everything in
+        its namespace (slurmstepd, job tasks), as when a machine loses power."""
+        pid = self.slurmd_pid(name)
+        if pid is None:
+            raise LocalClusterError(f"{name}: slurmd is not running")
+        ns = procs.uts_ns(pid)
+        host = procs.uts_ns(os.getpid())
+        victims = procs.pids_in_namespaces({ns}) if ns and ns != host else [pid]
+        for p in victims:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return victims
 
     def node_reboot(self, name: str) -> int:
         """A fake reboot: stop the slurmd and start it with a fresh boot time, so
@@ -476,3 +496,5 @@ class LocalCluster:
             except SlurmError as exc:  # the daemons are stopped next anyway
                 log.warning("could not cancel jobs while stopping the cluster: %s", exc)
         self.stop_daemons()
+        # The nodes' memory tiers are RAM (/dev/shm): give it back.
+        shutil.rmtree(self.shape.memory_root, ignore_errors=True)

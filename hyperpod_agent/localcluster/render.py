@@ -41,6 +41,11 @@ class Shape:
         return self.port_base + 10 + int(name.removeprefix("node"))
 
     @property
+    def memory_root(self) -> Path:
+        """Where the nodes' checkpoint memory tiers live (a /dev/shm per node)."""
+        return Path(f"/dev/shm/hyperpod-local-{self.port_base}")
+
+    @property
     def ports(self) -> list[int]:
         return [self.port_base] + [self.node_port(n) for n in self.all_names]
 
@@ -93,6 +98,7 @@ def slurm_conf(shape: Shape, ctl_host: str) -> str:
         f"PlugStackConfig={d}/etc/plugstack.conf",
         "JobSubmitPlugins=lua",
         f"EpilogSlurmctld={d}/hooks/epilog_ctld.sh",
+        f"TaskProlog={d}/hooks/task_prolog.sh",
         f"RebootProgram={d}/hooks/reboot.sh",
         "ResumeTimeout=30",
     ]
@@ -170,6 +176,19 @@ def reboot_sh(shape: Shape, python: str) -> str:
         "node=$(hostname)\n"
         f'echo "$(date +%s.%N) reboot requested for $node" >> {log}\n'
         f'setsid {cmd} "$node" >> {log} 2>&1 < /dev/null &\n'
+        "exit 0\n"
+    )
+
+
+def task_prolog_sh(shape: Shape) -> str:
+    """TaskProlog: every fake node shares this machine's /dev/shm, so give each node
+    its own checkpoint memory tier, as separate hosts would have."""
+    root = shlex.quote(str(shape.memory_root))
+    return (
+        "#!/bin/sh\n"
+        'if [ -z "$HYPERPOD_CHECKPOINT_MEMORY_DIR" ]; then\n'
+        f'  echo "export HYPERPOD_CHECKPOINT_MEMORY_DIR={root}/$(hostname)/$SLURM_JOB_ID"\n'
+        "fi\n"
         "exit 0\n"
     )
 

@@ -113,8 +113,15 @@ class Services:
             "slurm_conf": str(self.cluster.slurm_conf),
             "reconcile_interval_s": 2.0,
             "auth": self.auth(),
-            "policy": {"heartbeat_timeout_s": 30.0, "cooldown_s": 5.0},
-            "auto_resume": {"backoff_base_s": 0.0},
+            # A 4-node partition under the 10% default could lose only one node, and
+            # drills inject many faults into the same few nodes: widen both limits.
+            "policy": {
+                "heartbeat_timeout_s": 30.0,
+                "cooldown_s": 5.0,
+                "max_unhealthy_fraction": 0.5,
+                "lemon_threshold": 100,
+            },
+            "auto_resume": {"backoff_base_s": 0.0, "fault_window_s": 120.0},
             "provider": {"kind": "spare_pool"},
         }
 
@@ -229,12 +236,12 @@ class Services:
         _ip("-n", self.netns(node), "link", "set", "peer0", "up" if up else "down")
 
     # ---------------------------------------------------------------- processes
-    def _start(self, name: str, argv: list[str]) -> int:
+    def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
         pidfile = self.dir / "run" / f"proc-{name}.pid"
         pid = procs.read_pidfile(pidfile)
         if pid is not None:
             return pid
-        pid = self.cluster._spawn(argv, f"{name}.log")
+        pid = self.cluster._spawn(argv, f"{name}.log", env)
         procs.write_pidfile(pidfile, pid)
         return pid
 
@@ -243,7 +250,8 @@ class Services:
         if pid is not None:
             procs.stop([pid])
 
-    def start_controller(self, timeout: float = 30.0) -> int:
+    def start_controller(self, timeout: float = 30.0, env: dict[str, str] | None = None) -> int:
+        """Start the controller (``env`` adds variables) and wait until it answers."""
         pid = self._start(
             "controller",
             [
@@ -255,6 +263,7 @@ class Services:
                 "--config",
                 str(self.dir / "etc" / "controller.toml"),
             ],
+            env,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -238,3 +238,17 @@ def test_node_reboot_gives_a_new_boot_time_and_refuses_a_second_at_once(
     local_cluster.wait_idle(["node4"], timeout=30)
     after = slurm.node("node4")
     assert before.boot_time and after.boot_time and after.boot_time > before.boot_time
+
+
+def test_tasks_get_a_per_node_checkpoint_memory_tier(local_cluster: LocalCluster) -> None:
+    res = run(
+        ["srun", "-N2", "sh", "-c", 'echo "$(hostname) $HYPERPOD_CHECKPOINT_MEMORY_DIR"'],
+        env=local_cluster.env,
+    )
+    assert res.returncode == 0, res.stderr
+    lines = sorted(res.stdout.split("\n")[:-1])
+    root = str(local_cluster.shape.memory_root)
+    for line in lines:
+        host, memdir = line.split()
+        assert memdir.startswith(f"{root}/{host}/")
+    assert len({ln.split()[1] for ln in lines}) == 2

@@ -58,3 +58,12 @@ def test_reboot_program_detaches_and_quotes() -> None:
     assert "setsid /usr/bin/python3 -m hyperpod_agent local-cluster node-reboot" in text
     assert "'/x/with space'" in text
     assert text.rstrip().endswith("exit 0")
+
+
+def test_each_node_gets_its_own_checkpoint_memory_tier() -> None:
+    s = shape()
+    assert "TaskProlog=/x/c/hooks/task_prolog.sh" in render.slurm_conf(s, "head")
+    text = render.task_prolog_sh(s)
+    assert f"{s.memory_root}/$(hostname)/$SLURM_JOB_ID" in text
+    assert 'if [ -z "$HYPERPOD_CHECKPOINT_MEMORY_DIR" ]' in text  # the user's choice wins
+    assert str(s.memory_root).startswith("/dev/shm/") and "17000" in str(s.memory_root)
