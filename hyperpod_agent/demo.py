@@ -1,29 +1,104 @@
-"""``hyperpod demo``: the README's first command, on a local cluster.
+"""``hyperpod demo``: the README's first command, the whole story on a local cluster.
 
-Brings the local cluster up, submits an ``--auto-resume=1`` job across two nodes,
-shows what the job and the Slurm adapter see, and brings the cluster down again
-(``--keep`` leaves it running for exploring).
+A local Slurm cluster (4 nodes + 1 spare) comes up with the controller and an agent
+per node (fake GPUs). A toy training job is submitted with ``--auto-resume=1``; once
+it has checkpointed, XID 79 ("GPU has fallen off the bus") is injected on one of its
+nodes. The agent reports it, the controller takes the node out, swaps in the spare and
+requeues the job, which resumes from its last checkpoint and finishes. The demo prints
+the timeline and the work lost, then stops the cluster (``--keep`` leaves it up).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import click
 
 from hyperpod_agent.errors import HyperpodError
+from hyperpod_agent.localcluster import drill
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
 
 DEMO_DIR = Path("/var/tmp/hyperpod-demo")
 DEMO_PORT_BASE = 16917
-JOB = "srun bash -c 'echo \"$(hostname): HYPERPOD_AUTO_RESUME=$HYPERPOD_AUTO_RESUME\"'"
+STEPS, STEP_TIME, CKPT_EVERY = 30, 0.5, 5
 
 
 def _say(text: str) -> None:
     click.secho(f"==> {text}", bold=True)
+
+
+def _admin(cluster: LocalCluster, *args: str) -> None:
+    """Run the real admin CLI against the demo's controller, indented."""
+    env = {**os.environ, "HYPERPOD_LOCAL_CLUSTER_DIR": str(cluster.dir)}
+    res = subprocess.run(
+        [sys.executable, "-m", "hyperpod_agent", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
+    for line in (res.stdout or res.stderr).rstrip().splitlines():
+        click.echo(f"    {line[:150]}")
+
+
+def _nodes(slurm: SlurmClient) -> None:
+    for node in slurm.list_nodes():
+        flags = "+".join(sorted(node.flags))
+        click.echo(f"    {node.name:<6} {node.state:<9} {flags:<22} {node.reason[:70]}")
+
+
+def story(cluster: LocalCluster) -> None:
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
+    _nodes(slurm)
+    _say(
+        f"sbatch --auto-resume=1 examples/train.sbatch ({STEPS} steps on 2 nodes, "
+        f"a checkpoint every {CKPT_EVERY})"
+    )
+    job_id, out = drill.submit_training(cluster, STEPS, STEP_TIME, CKPT_EVERY)
+    drill.wait_for(
+        f"job {job_id} to reach step 8",
+        90,
+        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= 8,
+    )
+    job = slurm.job(job_id)
+    if job is None:
+        raise HyperpodError(f"job {job_id} vanished")
+    click.echo(
+        f"    job {job_id} running on {','.join(job.nodes)}; the adapter reads "
+        f"auto_resume={job.auto_resume} from admin_comment={job.admin_comment!r}"
+    )
+    victim = sorted(job.nodes)[-1]
+    _say(f"injecting XID 79 (GPU has fallen off the bus) on gpu3 of {victim}")
+    fault_at = drill.inject_xid(cluster, victim)
+    timeline = drill.follow_recovery(cluster, job_id, victim, fault_at, out)
+    done = drill.wait_job_end(cluster, job_id)
+    log = drill.parse_train_log(out.read_text())
+    _say("timeline (seconds after the fault)")
+    for what, offset in timeline.offsets().items():
+        click.echo(f"    {what.replace('_', ' '):<16} +{offset:.2f} s")
+    first = log.attempts[0]
+    last_before = max((s for s, _ in first.steps), default=0)
+    resumed = log.attempts[-1].resumed_from or 0
+    click.echo(
+        f"    job {job_id} {done.state} after {done.restart_count} requeue(s); "
+        f"running again on {','.join(timeline.new_nodes)} (not on {victim})"
+    )
+    click.echo(
+        f"    last step before the fault: {last_before}; resumed from checkpoint "
+        f"step {resumed}; lost {last_before - resumed} step(s) "
+        f"(at most one checkpoint interval, {CKPT_EVERY}); finished step {log.done_step}"
+    )
+    _say("nodes now")
+    _nodes(slurm)
+    _say(f"hyperpod events --node {victim}")
+    _admin(cluster, "events", "--node", victim, "--limit", "8")
+    _say("hyperpod jobs")
+    _admin(cluster, "jobs")
 
 
 @click.command("demo")
@@ -31,53 +106,26 @@ def _say(text: str) -> None:
 @click.option("--port-base", type=int, default=DEMO_PORT_BASE, show_default=True)
 @click.option("--keep", is_flag=True, help="Leave the cluster running at the end.")
 def demo(dir_: Path, port_base: int, keep: bool) -> None:
-    """Local cluster + an --auto-resume=1 job across two nodes."""
+    """Local cluster + agents + controller; an --auto-resume job survives a GPU fault."""
     cluster = LocalCluster(dir_, nodes=4, spares=1, port_base=port_base)
-    _say(f"starting a local Slurm cluster in {cluster.dir}: 4 nodes + 1 spare")
+    _say(
+        f"starting a local Slurm cluster in {cluster.dir}: 4 nodes + 1 spare, "
+        "a controller and an agent per node (fake GPUs)"
+    )
     t0 = time.monotonic()
-    cluster.up(timeout=60)
+    cluster.up(timeout=60, services=True)
     try:
-        slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
-        for node in slurm.list_nodes():
-            click.echo(
-                f"    {node.name:<6} {node.state:<9} {'+'.join(sorted(node.flags)):<6} "
-                f"{node.reason}"
-            )
-        click.echo(f"    up in {time.monotonic() - t0:.1f} s")
-        out = cluster.dir / "out" / "demo-%j.out"
-        _say("sbatch --auto-resume=1 -N2 (a job across two nodes)")
-        res = subprocess.run(
-            ["sbatch", "--parsable", "--auto-resume=1", "-N2", "-o", str(out), "--wrap", JOB],
-            capture_output=True,
-            text=True,
-            env=cluster.env,
-            timeout=30,
-        )
-        if res.returncode != 0:
-            raise HyperpodError(f"sbatch failed: {res.stderr.strip()}")
-        job_id = int(res.stdout.strip().split(";")[0])
-        job = slurm.job(job_id)
-        deadline = time.monotonic() + 60
-        while job is not None and job.state in ("PENDING", "RUNNING", "COMPLETING"):
-            if time.monotonic() > deadline:
-                raise HyperpodError(f"job {job_id} did not finish within 60 s")
-            time.sleep(0.3)
-            job = slurm.job(job_id)
-        if job is None:
-            raise HyperpodError(f"job {job_id} vanished from squeue")
-        _say(f"what the job's tasks saw (job {job_id})")
-        for line in Path(str(out).replace("%j", str(job_id))).read_text().splitlines():
-            click.echo(f"    {line}")
-        _say("what the Slurm adapter sees")
         click.echo(
-            f"    job {job.job_id}: state={job.state} nodes={','.join(job.nodes)} "
-            f"auto_resume={job.auto_resume} admin_comment={job.admin_comment!r}"
+            f"    up in {time.monotonic() - t0:.1f} s; controller at "
+            f"{cluster.services.controller_url}"
         )
+        story(cluster)
     finally:
         if keep:
             _say(
-                f"cluster left running: export SLURM_CONF={cluster.slurm_conf}; "
-                f"stop it with: hyperpod local-cluster down --dir {cluster.dir}"
+                f"cluster left running: export SLURM_CONF={cluster.slurm_conf} "
+                f"HYPERPOD_LOCAL_CLUSTER_DIR={cluster.dir}; stop it with: "
+                f"hyperpod local-cluster down --dir {cluster.dir}"
             )
         else:
             _say("stopping the local cluster")

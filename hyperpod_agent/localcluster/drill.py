@@ -24,6 +24,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 _ATTEMPT = re.compile(r"^attempt (\d+) on (\S+) at ([\d.]+)")
 _STEP = re.compile(r"^step=(\d+) .*at=([\d.]+)")
 _RESUME = re.compile(r"^resume step=(\d+).* at=([\d.]+)")
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 _DONE = re.compile(r"^done step=(\d+) at=([\d.]+)")
 
 
@@ -72,6 +73,7 @@ def submit_training(
     ckpt_every: int = 5,
     auto_resume: int | None = 1,
     extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> tuple[int, Path]:
     """sbatch examples/train.sbatch on 2 nodes; returns (job id, output file)."""
     out = cluster.dir / "out" / f"train-{time.time_ns()}.out"
@@ -92,6 +94,7 @@ def submit_training(
         **cluster.env,
         "PATH": f"{Path(sys.executable).parent}:{cluster.env['PATH']}",
         "TRAIN_SCRIPT": str(EXAMPLES / "train_toy.py"),
+        **(env or {}),
     }
     res = subprocess.run(
         argv, capture_output=True, text=True, env=env, timeout=30, cwd=EXAMPLES.parent
@@ -158,6 +161,58 @@ def out_of_service(slurm: SlurmClient, node: str) -> bool:
     return n.drained or any(f.startswith("REBOOT") for f in n.flags) or n.state == "DOWN"
 
 
+@dataclass
+class Recovery:
+    """One injected fault being followed until its job takes a new step."""
+
+    job_id: int
+    victim: str
+    out: Path
+    timeline: Timeline
+
+    def update(self, slurm: SlurmClient, now: float) -> bool:
+        """Record what changed since the last look; True once the story is complete."""
+        tl = self.timeline
+        if tl.drained_at is None and out_of_service(slurm, self.victim):
+            tl.drained_at = now
+        job = slurm.job(self.job_id)
+        if job is not None and job.restart_count >= 1:
+            if tl.requeued_at is None:
+                tl.requeued_at = now
+            if job.state == "RUNNING" and tl.running_again_at is None:
+                tl.running_again_at = now
+                tl.new_nodes = job.nodes
+        if tl.running_again_at is not None and self.out.exists():
+            later = [a for a in parse_train_log(self.out.read_text()).attempts[1:] if a.steps]
+            if later:
+                tl.first_new_step_at = later[0].steps[0][1]
+                return True
+        if job is not None and job.state in ENDED and job.restart_count == 0:
+            if now - tl.fault_at > 30:
+                raise HyperpodError(f"job {self.job_id} ended {job.state} and was not requeued")
+        return False
+
+
+def follow_all(
+    cluster: LocalCluster, recoveries: list[Recovery], timeout: float = 180.0
+) -> list[Timeline]:
+    """Poll Slurm and the jobs' output until every job took a new step after its fault."""
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    pending = list(recoveries)
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            r = pending[0]
+            raise HyperpodError(
+                f"job {r.job_id} did not take a new step within {timeout:g} s "
+                f"(timeline so far: {r.timeline.offsets()})"
+            )
+        now = time.time()
+        pending = [r for r in pending if not r.update(slurm, now)]
+        time.sleep(0.1)
+    return [r.timeline for r in recoveries]
+
+
 def follow_recovery(
     cluster: LocalCluster,
     job_id: int,
@@ -166,39 +221,8 @@ def follow_recovery(
     out: Path,
     timeout: float = 180.0,
 ) -> Timeline:
-    """Poll Slurm and the job's output until the job takes a new step after the fault."""
-    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
-    tl = Timeline(fault_at)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        now = time.time()
-        if tl.drained_at is None and out_of_service(slurm, victim):
-            tl.drained_at = now
-        job: Job | None = slurm.job(job_id)
-        if job is not None and job.restart_count >= 1:
-            if tl.requeued_at is None:
-                tl.requeued_at = now
-            if job.state == "RUNNING" and tl.running_again_at is None:
-                tl.running_again_at = now
-                tl.new_nodes = job.nodes
-        if tl.running_again_at is not None and out.exists():
-            log = parse_train_log(out.read_text())
-            later = [a for a in log.attempts[1:] if a.steps]
-            if later:
-                tl.first_new_step_at = later[0].steps[0][1]
-                return tl
-        if (
-            job is not None
-            and job.state in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED")
-            and job.restart_count == 0
-            and now - fault_at > 30
-        ):
-            raise HyperpodError(f"job {job_id} ended {job.state} and was not requeued")
-        time.sleep(0.1)
-    raise HyperpodError(
-        f"job {job_id} did not take a new step within {timeout:g} s "
-        f"(timeline so far: {tl.offsets()})"
-    )
+    """Follow one injected fault (see ``follow_all``)."""
+    return follow_all(cluster, [Recovery(job_id, victim, out, Timeline(fault_at))], timeout)[0]
 
 
 def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:
@@ -211,6 +235,7 @@ def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:
         slurm.cancel(job.job_id)
     services = cluster.services
     for node in cluster.shape.all_names:
+        cluster.node_start(node)  # a crashed node comes back (no-op when running)
         healthy_gpus(cluster, node)
         services.make_node_hardware(node)
         services.set_link(node, True)
@@ -234,3 +259,18 @@ def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:
         elif n.drained and (n.reason.startswith("hyperpod:") or n.state == "DOWN"):
             slurm.resume(n.name)
     cluster.wait_idle(cluster.nodes, timeout=timeout)
+
+
+def wait_job_end(cluster: LocalCluster, job_id: int, timeout: float = 180.0) -> Job:
+    """The job once it has ended for good (Slurm's requeues are followed through)."""
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+
+    def ended() -> Job | None:
+        job = slurm.job(job_id)
+        if job is None:
+            raise HyperpodError(f"job {job_id} is no longer known to Slurm")
+        return job if job.state in ENDED else None
+
+    job = wait_for(f"job {job_id} to end", timeout, ended, interval=0.5)
+    assert job is not None  # wait_for returns only a truthy value
+    return job

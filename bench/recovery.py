@@ -1,0 +1,175 @@
+"""Fault -> drained -> requeued -> running again -> first new step, side by side.
+
+Three ways to recover the same 2-node training job (examples/train.sbatch), each on
+its own local cluster, in one run:
+
+  hyperpod        controller + agents, a spare ready, cred_expire=5 (Slurm's minimum);
+                  faults: XID 79 injected into the fake GPU scenario, and a node crash
+                  (slurmd and every process of the node SIGKILLed);
+  native-tuned    no hyperpod services, `sbatch --requeue`, node crash, Slurm's own
+                  detection at the lab's tuned timeouts (SlurmdTimeout=6,
+                  MessageTimeout=3), cred_expire=5;
+  native-default  the same at Slurm's defaults (SlurmdTimeout=300, MessageTimeout=10,
+                  cred_expire=120); these faults are injected in parallel on separate
+                  jobs (each ~10 minutes), the others one after another.
+
+Prints medians (and p90) per phase and the ratios native / hyperpod.
+
+    .venv/bin/python bench/recovery.py                  # 10 faults per mode
+    .venv/bin/python bench/recovery.py --runs 3 --skip-default
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hyperpod_agent.localcluster import drill
+from hyperpod_agent.localcluster.cluster import LocalCluster
+from hyperpod_agent.slurm.client import SlurmClient
+
+PHASES = ("drained", "requeued", "running_again", "first_new_step")
+BASE = Path("/var/tmp/hyperpod-bench-recovery")
+
+
+def _job_on_two(cluster: LocalCluster, native: bool, tag: str) -> tuple[int, Path, str]:
+    env = {"HYPERPOD_CHECKPOINT_DIR": str(cluster.dir / "checkpoints" / tag)} if native else None
+    job_id, out = drill.submit_training(
+        cluster,
+        steps=400,
+        step_time=0.25,
+        ckpt_every=5,
+        auto_resume=None if native else 1,
+        extra=("--requeue",) if native else (),
+        env=env,
+    )
+    drill.wait_for(
+        f"job {job_id} at step 6",
+        120,
+        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= 6,
+    )
+    job = SlurmClient(slurm_conf=cluster.slurm_conf).job(job_id)
+    assert job is not None
+    return job_id, out, sorted(job.nodes)[-1]
+
+
+def hyperpod_runs(runs: int, fault: str) -> list[drill.Timeline]:
+    cluster = LocalCluster(BASE / "hyperpod", nodes=4, spares=1, port_base=21517)
+    cluster.up(timeout=60, services=True)
+    timelines = []
+    try:
+        for i in range(runs):
+            drill.reset_cluster(cluster)
+            job_id, out, victim = _job_on_two(cluster, native=False, tag=f"hp{i}")
+            if fault == "xid79":
+                fault_at = drill.inject_xid(cluster, victim)
+            else:
+                fault_at = time.time()
+                cluster.node_crash(victim)
+            tl = drill.follow_recovery(cluster, job_id, victim, fault_at, out, timeout=300)
+            print(f"  hyperpod {fault} #{i + 1}: {tl.offsets()}", flush=True)
+            timelines.append(tl)
+            SlurmClient(slurm_conf=cluster.slurm_conf).cancel(job_id)
+            if fault != "xid79":
+                cluster.node_start(victim)
+    finally:
+        cluster.down()
+    return timelines
+
+
+def native_runs(runs: int, default: bool) -> list[drill.Timeline]:
+    timing = (
+        dict(slurmd_timeout=300, message_timeout=10, cred_expire=120)
+        if default
+        else dict(slurmd_timeout=6, message_timeout=3, cred_expire=5)
+    )
+    nodes = 2 * runs + 2 if default else 4
+    name = "native-default" if default else "native-tuned"
+    cluster = LocalCluster(
+        BASE / name, nodes=nodes, spares=0, port_base=22517 if default else 23517, **timing
+    )
+    cluster.up(timeout=120)
+    timelines: list[drill.Timeline] = []
+    try:
+        batch = runs if default else 1  # the default timeouts take minutes: inject at once
+        done = 0
+        while done < runs:
+            started = [
+                _job_on_two(cluster, native=True, tag=f"{name}-{done + k}")
+                for k in range(min(batch, runs - done))
+            ]
+            recoveries = []
+            for job_id, out, victim in started:
+                fault_at = time.time()
+                cluster.node_crash(victim)
+                recoveries.append(drill.Recovery(job_id, victim, out, drill.Timeline(fault_at)))
+            for tl in drill.follow_all(cluster, recoveries, timeout=1200):
+                print(f"  {name} #{len(timelines) + 1}: {tl.offsets()}", flush=True)
+                timelines.append(tl)
+            slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
+            for job_id, _, victim in started:
+                slurm.cancel(job_id)
+                cluster.node_start(victim)
+            cluster.wait_idle(cluster.nodes, timeout=120)
+            done += len(started)
+    finally:
+        cluster.down()
+    return timelines
+
+
+def summary(timelines: list[drill.Timeline]) -> dict[str, tuple[float, float]]:
+    out = {}
+    for phase in PHASES:
+        values = sorted(v for t in timelines if (v := t.offsets()[phase]) is not None)
+        if values:
+            p90 = values[min(len(values) - 1, int(0.9 * len(values)))]
+            out[phase] = (statistics.median(values), p90)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument(
+        "--skip-default", action="store_true", help="leave out native-default (about 10 minutes)"
+    )
+    args = ap.parse_args()
+    modes: dict[str, Callable[[], list[drill.Timeline]]] = {
+        "hyperpod xid79 (cred_expire 5)": lambda: hyperpod_runs(args.runs, "xid79"),
+        "hyperpod node crash (cred_expire 5)": lambda: hyperpod_runs(args.runs, "crash"),
+        "native-tuned node crash (6/3, cred_expire 5)": lambda: native_runs(args.runs, False),
+    }
+    if not args.skip_default:
+        modes["native-default node crash (300/10, cred_expire 120)"] = lambda: native_runs(
+            args.runs, True
+        )
+    results = {}
+    for label, run in modes.items():
+        print(f"{label}:", flush=True)
+        results[label] = summary(run())
+    print(f"\nmedian (p90) seconds after the fault, {args.runs} faults per mode")
+    print(f"{'mode':<54}" + "".join(f"{p:>18}" for p in PHASES))
+    for label, res in results.items():
+        cells = "".join(
+            f"{res[p][0]:>9.2f} ({res[p][1]:>5.1f})" if p in res else f"{'-':>18}" for p in PHASES
+        )
+        print(f"{label:<54}{cells}")
+    base = results["hyperpod node crash (cred_expire 5)"]
+    print("\nratio native / hyperpod (node crash), running again and first new step:")
+    for label, res in results.items():
+        if label.startswith("native"):
+            ratios = [
+                f"{res[p][0] / base[p][0]:.1f}x"
+                for p in ("running_again", "first_new_step")
+                if p in res and p in base and base[p][0] > 0
+            ]
+            print(f"  {label}: {', '.join(ratios)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
