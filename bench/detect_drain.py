@@ -1,12 +1,21 @@
-"""Fault report -> node drained in Slurm, and healthy report -> resumed: latency.
+"""Fault -> node taken out of service in Slurm: latency.
 
-Runs ``hyperpod controller run`` against a local cluster (``hyperpod local-cluster up``),
-posts a faulty report for one node over loopback HTTP with MUNGE authentication and
-polls ``scontrol show node`` until Slurm shows the node drained with our reason; then a
-healthy report and the wait for the resume. Repeats ``--trials`` times.
+Default mode: runs ``hyperpod controller run`` against a local cluster (``hyperpod
+local-cluster up``), posts a faulty report for one node over loopback HTTP with MUNGE
+authentication and polls ``scontrol show node`` until Slurm shows the node drained with
+our reason; then a healthy report and the wait for the resume. Repeats ``--trials`` times.
 
     .venv/bin/python bench/detect_drain.py --cluster-dir /var/tmp/hp-x --trials 20
     ... --write-docs docs/benchmarks.md
+
+``--agents`` mode: the whole path with real agents, on a cluster started with
+``hyperpod local-cluster up --with-services``: an XID 79 is written into a node's fake
+GPU scenario, its agent finds it, reports, the controller asks Slurm for a reboot; the
+latency is until ``sinfo`` (polled every 50 ms) shows the node out with our reason,
+then until the fake reboot has it idle again (see bench/detect_drain_agents.py).
+
+    .venv/bin/python bench/detect_drain.py --agents --cluster-dir /var/tmp/hp-x \\
+        --trials 20 --write-docs docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -97,7 +106,16 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--port", type=int, default=23991)
     parser.add_argument("--write-docs", type=Path, default=None)
+    parser.add_argument(
+        "--agents", action="store_true", help="real agents on a --with-services cluster"
+    )
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="--agents: time cap")
     args = parser.parse_args()
+    if args.agents:
+        from detect_drain_agents import run_agents
+
+        run_agents(args, pct, update_docs)
+        return
     conf = args.cluster_dir / "etc" / "slurm.conf"
     sock = args.cluster_dir / "munge" / "munge.sock"
     slurm = SlurmClient(conf)
@@ -152,13 +170,18 @@ def main() -> None:
     )
     print(text)
     if args.write_docs:
-        old = args.write_docs.read_text() if args.write_docs.exists() else "# Benchmarks\n"
-        block = f"{START}\n{text}{END}"
-        if START in old and END in old:
-            new = old[: old.index(START)] + block + old[old.index(END) + len(END) :]
-        else:
-            new = old.rstrip("\n") + "\n\n" + block + "\n"
-        args.write_docs.write_text(new)
+        update_docs(args.write_docs, START, END, text)
+
+
+def update_docs(path: Path, start: str, end: str, text: str) -> None:
+    """Replace the block between ``start`` and ``end`` in ``path`` (append it if absent)."""
+    old = path.read_text() if path.exists() else "# Benchmarks\n"
+    block = f"{start}\n{text}{end}"
+    if start in old and end in old:
+        new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
+    else:
+        new = old.rstrip("\n") + "\n\n" + block + "\n"
+    path.write_text(new)
 
 
 if __name__ == "__main__":

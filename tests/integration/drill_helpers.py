@@ -1,0 +1,351 @@
+"""Fault drills on the local cluster with the hyperpod services running.
+
+``Drill`` injects faults the way the hardware would show them to the node's agent (a
+fake GPU scenario edit, a link set down in the node's network namespace, a scratch
+mount remounted read-only), reads Slurm through the project's ``SlurmClient`` and the
+controller through the real admin CLI (``hyperpod … --json``, MUNGE identity), and
+puts the cluster back the way every test expects it: healthy scenarios, links up,
+scratch read-write, every in-service node idle with no reason, the spare drained with
+``hyperpod:spare``, no incident. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.localcluster import procs
+from hyperpod_agent.localcluster.cluster import LocalCluster
+from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services
+from hyperpod_agent.slurm.models import Node
+
+CMD_TIMEOUT = 20.0
+SPARE_REASON = "hyperpod:spare"
+REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
+
+
+def wait_for(
+    what: str,
+    check: Callable[[], bool],
+    timeout: float = 30.0,
+    step: float = 0.2,
+    detail: Callable[[], object] | None = None,
+) -> float:
+    """Poll ``check`` until it holds; the seconds it took. Fails naming ``what``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        time.sleep(step)
+    extra = f": {detail()}" if detail is not None else ""
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{extra}")
+
+
+def time_ns(pid: int) -> str | None:
+    """The time namespace of ``pid`` (``time:[…]``), None if it is gone."""
+    try:
+        return os.readlink(f"/proc/{pid}/ns/time")
+    except OSError:
+        return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # The agent re-reads the scenario when it changes: never let it see half a file.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+class Drill:
+    """Fault injection, observation and restore for one service cluster."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        from hyperpod_agent.slurm.client import SlurmClient
+
+        self.cluster = cluster
+        self.services: Services = cluster.services
+        self.slurm = SlurmClient(cluster.slurm_conf, timeout=10)
+        self.env = {**cluster.env, "HYPERPOD_LOCAL_CLUSTER_DIR": str(cluster.dir)}
+        self.env.pop("HYPERPOD_ADMIN_CONFIG", None)
+        self.env.pop("HYPERPOD_CONTROLLER_URL", None)
+
+    @property
+    def nodes(self) -> list[str]:
+        return list(self.cluster.nodes)
+
+    @property
+    def spares(self) -> list[str]:
+        return list(self.cluster.spares)
+
+    @property
+    def all_nodes(self) -> list[str]:
+        return self.nodes + self.spares
+
+    # ------------------------------------------------------------------ reading
+    def node(self, name: str) -> Node:
+        return self.slurm.node(name)
+
+    def states(self) -> dict[str, Node]:
+        return {n.name: n for n in self.slurm.list_nodes()}
+
+    def hyperpod(
+        self, *args: str, timeout: float = CMD_TIMEOUT
+    ) -> subprocess.CompletedProcess[str]:
+        """The real admin CLI, as root (a MUNGE admin identity)."""
+        return subprocess.run(
+            [sys.executable, "-m", "hyperpod_agent", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env,
+            check=False,
+        )
+
+    def hyperpod_json(self, *args: str) -> Any:
+        res = self.hyperpod(*args, "--json")
+        if res.returncode != 0:
+            raise AssertionError(
+                f"hyperpod {' '.join(args)} --json: rc {res.returncode}: {res.stderr.strip()}"
+            )
+        return json.loads(res.stdout)
+
+    def events(self, node: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        args = ["events", "--limit", str(limit)]
+        if node is not None:
+            args += ["--node", node]
+        events: list[dict[str, Any]] = self.hyperpod_json(*args)
+        return events
+
+    def last_event_id(self) -> int:
+        events = self.events(limit=1)
+        return max((int(e["id"]) for e in events), default=0)
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = self.hyperpod_json("status")
+        return status
+
+    def controller_nodes(self) -> dict[str, dict[str, Any]]:
+        return {n["name"]: n for n in self.hyperpod_json("nodes")}
+
+    # ------------------------------------------------------------------ faults
+    def inject_xid(self, node: str, xid: int, gpu: int = 3, message: str = "") -> None:
+        """Append one XID event to ``node``'s GPU scenario (delivered once, by id)."""
+        path = self.services.scenario(node)
+        scenario = json.loads(path.read_text())
+        events = list(scenario.get("xid_events", []))
+        event: dict[str, Any] = {"gpu": gpu, "xid": xid, "id": f"drill-{time.time_ns()}"}
+        if message:
+            event["message"] = message
+        events.append(event)
+        scenario["xid_events"] = events
+        _write_atomic(path, json.dumps(scenario) + "\n")
+
+    def heal_gpus(self, node: str) -> None:
+        _write_atomic(self.services.scenario(node), json.dumps(HEALTHY_GPUS) + "\n")
+
+    def set_link(self, node: str, up: bool) -> None:
+        self.services.set_link(node, up)
+
+    def remount_scratch(self, node: str, read_only: bool) -> None:
+        subprocess.run(
+            [
+                "mount",
+                "-o",
+                "remount," + ("ro" if read_only else "rw"),
+                str(self.services.scratch(node)),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=CMD_TIMEOUT,
+        )
+
+    def scratch_read_only(self, node: str) -> bool:
+        target = str(self.services.scratch(node))
+        with open("/proc/self/mounts") as f:
+            for line in f:
+                fields = line.split()
+                if fields[1] == target:
+                    return "ro" in fields[3].split(",")
+        return False
+
+    def restart_agent(self, node: str) -> None:
+        """What a GPU reset does to the node's agent: it starts afresh, so faults it
+        keeps until restart (RESET-class XIDs) are forgotten."""
+        self.services.stop(f"agent-{node}")
+        self.services.start_agent(node)
+
+    def rehome_slurmd(self) -> list[str]:
+        """Restart, in our own time namespace, every slurmd a fake reboot left in a
+        time namespace of its own; the names of those nodes.
+
+        Why: Slurm runs the RebootProgram inside the slurmd's namespaces, and
+        ``/proc/PID/stat`` start times read from inside a time namespace are shifted
+        by its boot-time offset, so the harness's pid-file checks fail there: a second
+        reboot of the same node neither stops its old slurmd nor its old agent
+        (``test_pid_files_hold_inside_a_rebooted_nodes_time_namespace``). A slurmd
+        restarted here runs in the host's time namespace again, so each drill's reboot
+        starts from a clean node. Slurm keeps the node IDLE across the restart.
+        """
+        ours = time_ns(os.getpid())
+        moved = []
+        for name in self.all_nodes:
+            pid = self.cluster.slurmd_pid(name)
+            if pid is not None and time_ns(pid) not in (None, ours):
+                procs.stop([pid])
+                self.cluster.node_start(name)
+                moved.append(name)
+        return moved
+
+    # ------------------------------------------------------------------ controller
+    def fresh_controller(self, timeout: float = 30.0) -> None:
+        """Restart the controller on empty state, and every agent with it.
+
+        Drills are first faults: fault history left by an earlier run would escalate
+        (RESET -> REBOOT -> REPLACE) or hold a node as a lemon. The agents restart too,
+        so each sends a full report to the new controller at once.
+        """
+        for node in self.all_nodes:
+            self.services.stop(f"agent-{node}")
+        self.services.stop("controller")
+        state = self.cluster.dir / "state"
+        for path in state.glob("controller.db*"):
+            path.unlink()
+        self.services.start_controller(timeout=timeout)
+        for node in self.all_nodes:
+            self.services.start_agent(node)
+        wait_for(
+            "every agent reporting to the new controller",
+            lambda: (
+                all(
+                    n.get("verdict") not in (None, "unknown")
+                    for n in self.controller_nodes().values()
+                )
+                and len(self.controller_nodes()) == len(self.all_nodes)
+            ),
+            timeout=timeout,
+            step=0.5,
+            detail=self.controller_nodes,
+        )
+
+    # ------------------------------------------------------------------ restore
+    def _in_service_ok(self, node: Node) -> bool:
+        return (
+            node.state == "IDLE"
+            and "DRAIN" not in node.flags
+            and not node.flags & REBOOT_FLAGS
+            and node.responding
+            and not node.reason
+        )
+
+    def _spare_ok(self, node: Node) -> bool:
+        return node.reason.strip() == SPARE_REASON and "DRAIN" in node.flags and node.responding
+
+    def settled(self) -> bool:
+        """The state every drill starts from."""
+        nodes = self.states()
+        return all(self._in_service_ok(nodes[n]) for n in self.nodes) and all(
+            self._spare_ok(nodes[n]) for n in self.spares
+        )
+
+    def describe(self) -> dict[str, str]:
+        return {
+            n.name: f"{n.state}+{'+'.join(sorted(n.flags))} reason={n.reason!r}"
+            for n in self.states().values()
+        }
+
+    def describe_reboots(self) -> str:
+        """Node states and the tail of the fake reboots' log (RebootProgram output)."""
+        log = self.cluster.dir / "log" / "reboot.log"
+        try:
+            tail = " | ".join(log.read_text().strip().splitlines()[-4:])
+        except OSError:
+            tail = "(no reboot log)"
+        return f"{self.describe()}; reboot.log: {tail}"
+
+    def _controller_healthy(self, names: Iterable[str]) -> bool:
+        view = self.controller_nodes()
+        return all(
+            view.get(n, {}).get("verdict") == "healthy" and view.get(n, {}).get("open_faults") == 0
+            for n in names
+        )
+
+    def restore(self, restart_agents: Iterable[str] = (), timeout: float = 60.0) -> None:
+        """Put the cluster back: hardware healthy, the controller seeing every node
+        healthy, in-service nodes idle without reason, the spare back in the pool,
+        no incident. ``restart_agents`` names nodes whose agent holds a fault until it
+        restarts (RESET-class XIDs)."""
+        deadline = time.monotonic() + timeout
+
+        def left() -> float:
+            return max(1.0, deadline - time.monotonic())
+
+        for name in self.all_nodes:
+            self.heal_gpus(name)
+            self.set_link(name, True)
+            if self.scratch_read_only(name):
+                self.remount_scratch(name, read_only=False)
+        for name in self.all_nodes:
+            if self.cluster.slurmd_pid(name) is None:
+                # slurmd gone (killed, or a reboot that never ran): a fresh boot
+                # brings it back and restarts the node's agent.
+                self.cluster.node_reboot(name)
+        for name in restart_agents:
+            self.restart_agent(name)
+        # Reboots in flight finish on their own (RebootProgram -> new boot time).
+        wait_for(
+            "reboots in flight to finish",
+            lambda: not any(n.flags & REBOOT_FLAGS for n in self.states().values()),
+            timeout=left(),
+            detail=self.describe,
+        )
+        self.rehome_slurmd()
+        # An agent still reporting a fault its hardware no longer shows holds it until
+        # restart: restart it rather than wait forever.
+        try:
+            wait_for("agents healthy", lambda: self._controller_healthy(self.all_nodes), 4.0, 0.5)
+        except AssertionError:
+            view = self.controller_nodes()
+            for name in self.all_nodes:
+                if view.get(name, {}).get("verdict") != "healthy":
+                    self.restart_agent(name)
+        wait_for(
+            "the controller to see every node healthy",
+            lambda: self._controller_healthy(self.all_nodes),
+            timeout=left(),
+            step=0.5,
+            detail=self.controller_nodes,
+        )
+        nodes = self.states()
+        for name in self.spares:
+            node = nodes[name]
+            if node.reason.strip() != SPARE_REASON or "DRAIN" not in node.flags:
+                self.slurm.drain(name, SPARE_REASON)
+        for name in self.nodes:
+            node = nodes[name]
+            if node.drained or node.reason:
+                # Reasons the controller never resumes (hold, replace, a human's):
+                # the drill made them, the drill takes them back.
+                try:
+                    self.slurm.resume(name)
+                except SlurmError:
+                    pass  # resumed by the controller meanwhile
+        wait_for(
+            "in-service nodes idle with no reason and the spare pooled",
+            self.settled,
+            timeout=left(),
+            detail=self.describe,
+        )
+        wait_for(
+            "no incident mode",
+            lambda: not self.status()["incident_mode"],
+            timeout=left(),
+            step=0.5,
+            detail=self.status,
+        )
