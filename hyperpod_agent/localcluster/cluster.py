@@ -37,6 +37,12 @@ SBIN = Path("/usr/sbin")
 SPANK_SOURCE = Path(__file__).resolve().parents[2] / "spank_plugin"
 
 
+def _is_mount(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1] == target for line in f)
+
+
 def _log_tail(path: Path, lines: int = 3) -> str:
     try:
         text = path.read_text(errors="replace").strip().splitlines()
@@ -169,6 +175,7 @@ class LocalCluster:
         self.check_ports()
         self._write_files()
         try:
+            self._pin_host_namespaces()
             self._start_munged()
             self._start_slurmctld()
             for name in self.shape.all_names:
@@ -342,8 +349,7 @@ class LocalCluster:
                 f"{name}: slurmd did not start "
                 f"({_log_tail(self.dir / 'log' / f'slurmd-{name}.stdout')})"
             )
-        with open(self._run("uts_namespaces"), "a") as f:
-            f.write(ns + "\n")
+        self._pin_namespace(name, pid)
         deadline = time.monotonic() + 5
         while not os.path.basename(procs.exe(pid)).startswith("slurmd"):
             if time.monotonic() > deadline or not procs.alive(pid):
@@ -393,13 +399,14 @@ class LocalCluster:
             pid = self.slurmd_pid(name)
             if pid is not None:
                 procs.stop([pid])
-            # slurmctld accepts the reboot as done only if the boot time it is told
-            # is later than the second it issued the request in.
-            time.sleep(1.0)
-            pid = self.node_start(name, fresh_boot=True)
+            # The machine's hyperpod side comes back clean before Slurm sees it.
             if self.has_services():
                 self.services.reboot_node(name)
-            return pid
+            # slurmctld accepts the reboot as done only if the boot time it is told
+            # is later than the second it issued the request in; slurmd's boot time
+            # can read up to 2 s early (whole-second uptime).
+            time.sleep(2.0)
+            return self.node_start(name, fresh_boot=True)
 
     def _check_node(self, name: str) -> None:
         if name not in self.shape.all_names:
@@ -456,14 +463,65 @@ class LocalCluster:
                 found[name] = pid
         return found
 
+    def _pin_host_namespaces(self) -> None:
+        """Keep handles on this machine's own UTS and time namespaces (run/host-*):
+        the RebootProgram runs inside a node and must restart it from the host."""
+        for kind in ("uts", "time"):
+            pin = self._run(f"host-{kind}")
+            if _is_mount(pin):
+                continue
+            pin.touch()
+            res = subprocess.run(
+                ["mount", "--bind", f"/proc/self/ns/{kind}", str(pin)],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+            if res.returncode != 0:
+                raise LocalClusterError(
+                    f"cannot pin the host's {kind} namespace: {res.stderr.strip()}"
+                )
+
+    def _pin_namespace(self, name: str, pid: int) -> None:
+        """Bind-mount the node's new UTS namespace under run/ns/. The mount keeps the
+        namespace alive, so its inode number cannot be handed to another cluster's
+        node while we might still sweep it (the kernel reuses free numbers)."""
+        nsdir = self.dir / "run" / "ns"
+        nsdir.mkdir(parents=True, exist_ok=True)
+        pin = nsdir / f"{name}.{pid}"
+        pin.touch()
+        res = subprocess.run(
+            ["mount", "--bind", f"/proc/{pid}/ns/uts", str(pin)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if res.returncode != 0:
+            pin.unlink(missing_ok=True)
+            raise LocalClusterError(f"{name}: cannot pin its namespace: {res.stderr.strip()}")
+
+    def _pinned_namespaces(self) -> dict[Path, str]:
+        nsdir = self.dir / "run" / "ns"
+        pins: dict[Path, str] = {}
+        for pin in sorted(nsdir.iterdir()) if nsdir.is_dir() else []:
+            try:
+                pins[pin] = f"uts:[{pin.stat().st_ino}]"
+            except OSError:
+                continue
+        host = {procs.uts_ns(1), procs.uts_ns(os.getpid())}
+        return {pin: ns for pin, ns in pins.items() if ns not in host}
+
     def namespace_pids(self) -> list[int]:
-        try:
-            namespaces = set(self._run("uts_namespaces").read_text().split())
-        except OSError:
-            return []
-        namespaces.discard(procs.uts_ns(1) or "")
-        namespaces.discard(procs.uts_ns(os.getpid()) or "")
+        """Processes living in the namespaces our slurmd were started in."""
+        namespaces = {ns for pin, ns in self._pinned_namespaces().items() if _is_mount(pin)}
         return procs.pids_in_namespaces(namespaces)
+
+    def _unpin_namespaces(self) -> None:
+        pins = [*self._pinned_namespaces(), self._run("host-uts"), self._run("host-time")]
+        for pin in pins:
+            if _is_mount(pin):
+                subprocess.run(["umount", str(pin)], capture_output=True, timeout=10)
+            pin.unlink(missing_ok=True)
 
     def stop_daemons(self) -> None:
         """Stop exactly what we started: extra processes, slurmctld, slurmd,
@@ -478,6 +536,7 @@ class LocalCluster:
                 break
             procs.stop(leftovers, timeout=1)
         procs.stop([p for n, p in pids.items() if n == "munged"])
+        self._unpin_namespaces()
         run = self.dir / "run"
         for pidfile in run.glob("*.pid") if run.exists() else []:
             pidfile.unlink(missing_ok=True)
@@ -495,6 +554,9 @@ class LocalCluster:
                         slurm.cancel(job.job_id)
             except SlurmError as exc:  # the daemons are stopped next anyway
                 log.warning("could not cancel jobs while stopping the cluster: %s", exc)
+        if self.has_services():
+            self.services.down()
+            (self.dir / "etc" / "controller.toml").unlink()
         self.stop_daemons()
         # The nodes' memory tiers are RAM (/dev/shm): give it back.
         shutil.rmtree(self.shape.memory_root, ignore_errors=True)

@@ -28,6 +28,20 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def _shifted_boot_time() -> bool:
+    """True inside a time namespace with a boot-time offset (a fake-rebooted node):
+    /proc start times read there are shifted (and may wrap), so they cannot be
+    compared with the ones recorded on the host."""
+    try:
+        for line in (PROC / "self" / "timens_offsets").read_text().splitlines():
+            fields = line.split()
+            if fields and fields[0] == "boottime" and fields[1:2] != ["0"]:
+                return True
+    except OSError:
+        pass
+    return False
+
+
 def alive(pid: int) -> bool:
     """True unless the process is gone or a zombie (a zombie child of ours is reaped)."""
     _reap(pid)
@@ -70,7 +84,9 @@ def read_pidfile(path: Path, exe_name: str | None = None) -> int | None:
         pid, recorded = int(parts[0]), int(parts[1]) if len(parts) > 1 else None
     except (OSError, ValueError, IndexError):
         return None
-    if not alive(pid) or (recorded is not None and start_time(pid) != recorded):
+    if not alive(pid):
+        return None
+    if recorded is not None and start_time(pid) != recorded and not _shifted_boot_time():
         return None
     if exe_name and not os.path.basename(exe(pid)).startswith(exe_name):
         return None

@@ -175,7 +175,11 @@ def reboot_sh(shape: Shape, python: str) -> str:
         "#!/bin/sh\n"
         "node=$(hostname)\n"
         f'echo "$(date +%s.%N) reboot requested for $node" >> {log}\n'
-        f'setsid {cmd} "$node" >> {log} 2>&1 < /dev/null &\n'
+        # Leave the node's UTS and time namespaces: the restart belongs to the host,
+        # and /proc start times read inside a rebooted node's time namespace differ.
+        f"setsid nsenter --uts={shlex.quote(str(shape.dir / 'run' / 'host-uts'))} "
+        f"--time={shlex.quote(str(shape.dir / 'run' / 'host-time'))} "
+        f'{cmd} "$node" >> {log} 2>&1 < /dev/null &\n'
         "exit 0\n"
     )
 

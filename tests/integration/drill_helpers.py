@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.errors import SlurmError
-from hyperpod_agent.localcluster import procs
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services
 from hyperpod_agent.slurm.models import Node
@@ -46,14 +45,6 @@ def wait_for(
         time.sleep(step)
     extra = f": {detail()}" if detail is not None else ""
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{extra}")
-
-
-def time_ns(pid: int) -> str | None:
-    """The time namespace of ``pid`` (``time:[…]``), None if it is gone."""
-    try:
-        return os.readlink(f"/proc/{pid}/ns/time")
-    except OSError:
-        return None
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -181,28 +172,6 @@ class Drill:
         self.services.stop(f"agent-{node}")
         self.services.start_agent(node)
 
-    def rehome_slurmd(self) -> list[str]:
-        """Restart, in our own time namespace, every slurmd a fake reboot left in a
-        time namespace of its own; the names of those nodes.
-
-        Why: Slurm runs the RebootProgram inside the slurmd's namespaces, and
-        ``/proc/PID/stat`` start times read from inside a time namespace are shifted
-        by its boot-time offset, so the harness's pid-file checks fail there: a second
-        reboot of the same node neither stops its old slurmd nor its old agent
-        (``test_pid_files_hold_inside_a_rebooted_nodes_time_namespace``). A slurmd
-        restarted here runs in the host's time namespace again, so each drill's reboot
-        starts from a clean node. Slurm keeps the node IDLE across the restart.
-        """
-        ours = time_ns(os.getpid())
-        moved = []
-        for name in self.all_nodes:
-            pid = self.cluster.slurmd_pid(name)
-            if pid is not None and time_ns(pid) not in (None, ours):
-                procs.stop([pid])
-                self.cluster.node_start(name)
-                moved.append(name)
-        return moved
-
     # ------------------------------------------------------------------ controller
     def fresh_controller(self, timeout: float = 30.0) -> None:
         """Restart the controller on empty state, and every agent with it.
@@ -305,7 +274,6 @@ class Drill:
             timeout=left(),
             detail=self.describe,
         )
-        self.rehome_slurmd()
         # An agent still reporting a fault its hardware no longer shows holds it until
         # restart: restart it rather than wait forever.
         try:

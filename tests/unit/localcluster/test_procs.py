@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hyperpod_agent.localcluster import procs
 
 
@@ -50,14 +52,18 @@ def test_stop_kills_what_ignores_term() -> None:
         p.wait()
 
 
+@pytest.mark.root
 def test_host_namespace_is_never_swept(tmp_path: Path) -> None:
     from hyperpod_agent.localcluster.cluster import LocalCluster
 
     cluster = LocalCluster(tmp_path, nodes=1, spares=0, port_base=30000)
-    (tmp_path / "run").mkdir()
-    host = procs.uts_ns(os.getpid())
-    assert host is not None
-    # A corrupted namespace list naming the host's namespace must not make
-    # `down` kill every process of the machine.
-    (tmp_path / "run" / "uts_namespaces").write_text(host + "\n")
-    assert cluster.namespace_pids() == []
+    pin = tmp_path / "run" / "ns" / "node1.1"
+    pin.parent.mkdir(parents=True)
+    pin.touch()
+    # A pinned namespace that is the host's own must not make `down` kill every
+    # process of the machine.
+    subprocess.run(["mount", "--bind", "/proc/self/ns/uts", str(pin)], check=True, timeout=10)
+    try:
+        assert cluster.namespace_pids() == []
+    finally:
+        subprocess.run(["umount", str(pin)], check=True, timeout=10)

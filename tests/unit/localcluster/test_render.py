@@ -55,7 +55,8 @@ def test_job_submit_copies_auto_resume_to_admin_comment() -> None:
 
 def test_reboot_program_detaches_and_quotes() -> None:
     text = render.reboot_sh(Shape(Path("/x/with space"), 1, 0, 17000), "/usr/bin/python3")
-    assert "setsid /usr/bin/python3 -m hyperpod_agent local-cluster node-reboot" in text
+    assert "setsid nsenter --uts='/x/with space/run/host-uts'" in text
+    assert "/usr/bin/python3 -m hyperpod_agent local-cluster node-reboot" in text
     assert "'/x/with space'" in text
     assert text.rstrip().endswith("exit 0")
 
