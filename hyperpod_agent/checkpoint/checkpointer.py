@@ -3,12 +3,14 @@ restore the newest complete step from the fastest tier that has it."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -353,7 +355,31 @@ class Checkpointer:
         (default: when torch.distributed is initialized) all ranks settle on the oldest step any
         of them could restore, so a rank that had to fall back does not leave the others ahead.
         """
-        return loader.load_latest(self, template, agree)
+        restored = loader.load_latest(self, template, agree)
+        if restored is not None and self.rank == 0:
+            self._note_resume(restored[0])
+        return restored
+
+    def _note_resume(self, step: int) -> None:
+        """Tell the controller which step a requeued job resumed from: rank 0 writes
+        ``<persistent>/resume.json`` (contract in docs/auto-resume.md). Best effort: a
+        failure here must never stop training."""
+        restarts = os.environ.get("SLURM_RESTART_COUNT", "")
+        doc: dict[str, Any] = {
+            "step": int(step),
+            "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+        }
+        if restarts.isdigit():
+            doc["restart_count"] = int(restarts)
+        if os.environ.get("SLURM_JOB_ID", "").isdigit():
+            doc["job_id"] = int(os.environ["SLURM_JOB_ID"])
+        path = self.persistent_dir / "resume.json"
+        tmp = path.with_name(f".resume.json.{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(doc) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not record the resumed step in %s: %s", path, exc)
 
     def load(self, step: int, template: Any = None) -> Any:
         """Restore one given step; raise CheckpointError if no tier holds it intact."""

@@ -118,3 +118,24 @@ def test_node_missing_from_peer_list_is_refused(tmp_path: Path) -> None:
             node="node9",
             peers={"node1": ("127.0.0.1", 1)},
         )
+
+
+def test_a_resume_is_recorded_for_the_controller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import numpy as np
+
+    from hyperpod_agent.checkpoint import Checkpointer
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    ck = Checkpointer(tmp_path / "p", memory_dir=tmp_path / "m")
+    ck.save(5, {"w": np.arange(4)}).wait()
+    assert not (tmp_path / "p" / "resume.json").exists()  # nothing resumed yet
+    restored = ck.load_latest()
+    ck.close()
+    assert restored is not None and restored[0] == 5
+    doc = json.loads((tmp_path / "p" / "resume.json").read_text())
+    assert doc["step"] == 5 and doc["restart_count"] == 2 and doc["job_id"] == 41
