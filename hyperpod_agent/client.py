@@ -156,6 +156,11 @@ class ControllerClient:
         """``GET /v1/jobs/{id}``."""
         return self.request("GET", f"/v1/jobs/{_seg(str(job_id))}")
 
+    def job_ended(self, job_id: int, exit_code: int | None = None, state: str | None = None) -> Any:
+        """``POST /v1/jobs/{id}/ended``: a job ended (EpilogSlurmctld); needs an admin."""
+        body = {k: v for k, v in (("exit_code", exit_code), ("state", state)) if v is not None}
+        return self.request("POST", f"/v1/jobs/{int(job_id)}/ended", body)
+
     def events(
         self, since: str | None = None, node: str | None = None, limit: int | None = None
     ) -> Any:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import functools
 import getpass
 import json
+import os
 import re
+import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -317,3 +319,86 @@ def jobs_show(
     )
     doc = client.job(job_id)
     _emit(doc, as_json or bool(parent.get("as_json")), lambda d: render.job_detail(_obj(d)))
+
+
+# An epilog must never fail or hang: slurmctld waits for EpilogSlurmctld before it
+# finishes the job's bookkeeping, and a failing one is logged against the job.
+NOTIFY_DEADLINE_S = 2.0
+NOTIFY_REQUEST_TIMEOUT_S = 1.5
+
+
+def exit_code_from_env(value: str) -> int | None:
+    """``SLURM_JOB_EXIT_CODE2`` (``"exit:signal"``) -> the exit code; None when unusable."""
+    head = value.strip().split(":", 1)[0]
+    if not head.isdigit() or int(head) > 255:
+        return None
+    return int(head)
+
+
+def _notify(
+    job_id: int,
+    exit_code: int | None,
+    state: str | None,
+    connection: tuple[str | None, Path | None, Path | None],
+) -> None:
+    url, munge_socket, config_file = connection
+    try:
+        client = make_client(url, munge_socket, config_file, NOTIFY_REQUEST_TIMEOUT_S)
+        client.job_ended(job_id, exit_code, state)
+    except (HyperpodError, ValueError) as exc:
+        click.echo(f"hyperpod jobs notify-end: job {job_id}: couldn't notify: {exc}", err=True)
+
+
+@jobs.command("notify-end")
+@click.argument("job_id", required=False)
+@click.option(
+    "--exit-code",
+    "exit_text",
+    help="The job's exit code, N or N:SIGNAL (default: SLURM_JOB_EXIT_CODE2).",
+)
+@click.option("--state", help="The job's final state, if known (FAILED, NODE_FAIL...).")
+@connection_options
+@click.pass_context
+def jobs_notify_end(
+    ctx: click.Context,
+    job_id: str | None,
+    exit_text: str | None,
+    state: str | None,
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+) -> None:
+    """For EpilogSlurmctld: tell the controller JOB_ID ended (default: SLURM_JOB_ID).
+
+    Always exits 0 within about 2 s: a controller that is down or slow only costs
+    the immediate reaction (the controller's next pass still sees the job). Problems
+    go to stderr.
+    """
+    raw = job_id if job_id is not None else os.environ.get("SLURM_JOB_ID", "")
+    if not raw.strip().isdigit() or not 0 < int(raw) < 2**63:
+        click.echo(f"hyperpod jobs notify-end: no valid job id (got {raw!r})", err=True)
+        return
+    # Lenient on purpose: a value we cannot read is left out, never an error.
+    if exit_text is None:
+        exit_text = os.environ.get("SLURM_JOB_EXIT_CODE2", "")
+    exit_code = exit_code_from_env(exit_text)
+    if state is not None and not re.fullmatch(r"[A-Za-z_]{1,32}", state):
+        state = None
+    parent = ctx.parent.params if ctx.parent is not None else {}
+    connection = (
+        url or parent.get("url"),
+        munge_socket or parent.get("munge_socket"),
+        config_file or parent.get("config_file"),
+    )
+    worker = threading.Thread(
+        target=_notify, args=(int(raw), exit_code, state, connection), daemon=True
+    )
+    worker.start()
+    worker.join(min(timeout or NOTIFY_DEADLINE_S, NOTIFY_DEADLINE_S))
+    if worker.is_alive():
+        click.echo(
+            f"hyperpod jobs notify-end: job {raw}: no answer within {NOTIFY_DEADLINE_S:g} s; "
+            "giving up",
+            err=True,
+        )

@@ -218,6 +218,7 @@ def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
             ("RESTARTS", lambda j: j.get("restart_count")),
             ("RESUMES", lambda j: f"{j.get('attempts', 0)}/{j.get('cap', '-')}"),
             ("TRACKING", lambda j: j.get("tracking")),
+            ("FROM STEP", lambda j: j.get("resumed_from_step")),
             ("LAST CAUSE", lambda j: j.get("last_cause")),
         ],
     )

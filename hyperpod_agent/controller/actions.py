@@ -66,9 +66,10 @@ class Executor:
             )
             log.warning("%s", ev.message)
         ids = []
+        promised: set[str] = set()  # spares already given to a replacement in this pass
         for pa in decision.actions:
-            if pa.kind is Kind.EXHAUST:
-                self._exhaust(pa, now)
+            if pa.kind in (Kind.EXHAUST, Kind.NOT_RETRIED):
+                self._job_verdict(pa, now)
                 continue
             if self._cooling(pa, now):
                 continue
@@ -80,7 +81,10 @@ class Executor:
             kind = pa.kind
             if kind is Kind.REPLACE:
                 try:
-                    params.update(self.provider.prepare(str(pa.node), nodes))
+                    view = {k: v for k, v in nodes.items() if k not in promised}
+                    params.update(self.provider.prepare(str(pa.node), view))
+                    if params.get("spare"):
+                        promised.add(str(params["spare"]))
                 except ProviderError as exc:
                     # No replacement: still take the broken node out, held for repair under
                     # its replace reason (never auto-resumed), rather than retry every pass.
@@ -111,23 +115,28 @@ class Executor:
             return True
         return False
 
-    def _exhaust(self, pa: PlannedAction, now: float) -> None:
+    def _job_verdict(self, pa: PlannedAction, now: float) -> None:
+        """Bookkeeping for a job auto-resume leaves alone: budget spent (for good) or a
+        failure on healthy nodes (until a fault on its nodes turns up)."""
         assert pa.job_id is not None
         old = self.store.job(pa.job_id) or TrackedJob(pa.job_id, int(pa.params.get("cap", 0)))
+        state, kind = (
+            ("exhausted", "budget_spent") if pa.kind is Kind.EXHAUST else ("failed", "not_requeued")
+        )
         self.store.upsert_job(
             TrackedJob(
                 old.job_id,
                 old.cap,
                 old.attempts,
                 pa.cause,
-                "exhausted",
+                state,
                 old.last_requeue_at,
                 old.acted_restart_count,
                 old.resumed_from_step,
                 now,
             )
         )
-        self._event("budget_spent", f"job {pa.job_id}: not requeued: {pa.cause}", pa, now)
+        self._event(kind, f"job {pa.job_id}: not requeued: {pa.cause}", pa, now)
 
     # -- open intents ---------------------------------------------------------------
     def process_open(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
@@ -267,6 +276,8 @@ class Executor:
         if row.kind == Kind.REQUEUE.value and note:
             self._track_requeue(row, now)
         extra = f" ({note})" if note else ""
+        if row.kind == Kind.REQUEUE.value and "attempt" in row.params:
+            extra = f" (attempt {row.params['attempt']}/{row.params.get('cap', '?')}){extra}"
         reason = f" reason={row.reason!r}" if row.reason else ""
         self._event_row(
             row.kind, f"{row.kind} {_row_target(row)}{reason}: {row.cause}{extra}", row, now

@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp
 
-from hyperpod_agent.auth import AuthError, Identity, ServerAuth, require_node
+from hyperpod_agent.auth import AuthError, Identity, ServerAuth, describe, require_node
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.api_guard import Guard, error_response, validation_message
 from hyperpod_agent.controller.api_models import (
@@ -33,6 +33,8 @@ from hyperpod_agent.controller.api_models import (
     FaultOut,
     HeartbeatIn,
     JobDetail,
+    JobEndedIn,
+    JobEndedOut,
     JobOut,
     NodeDetail,
     NodeOut,
@@ -304,6 +306,21 @@ def create_app(controller: Controller, auth: ServerAuth) -> ASGIApp:
             events=[_event(e) for e in controller.store.events(job_id=job_id, limit=200)],
             actions=[_action(a) for a in controller.store.job_actions(job_id)],
         )
+
+    @app.post("/v1/jobs/{job_id}/ended", response_model=JobEndedOut, responses=ERRORS)
+    def job_ended(
+        request: Request,
+        body: JobEndedIn | None = None,
+        job_id: int = FastApiPath(ge=1, le=MAX_INT64),
+    ) -> JobEndedOut:
+        """EpilogSlurmctld: a job ended; an auto-resume job is looked at at once."""
+        identity = _identity(request)
+        if not identity.is_admin:
+            raise AuthError("admin identity required to report a job's end", 403)
+        ended = body or JobEndedIn()
+        who = f"EpilogSlurmctld ({describe(identity)})"
+        tracked = controller.job_ended(job_id, ended.exit_code, ended.state, who)
+        return JobEndedOut(tracked=tracked)
 
     @app.get("/v1/events", response_model=list[EventOut], responses=ERRORS)
     def events(

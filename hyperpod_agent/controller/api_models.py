@@ -30,6 +30,20 @@ class AdminActionIn(BaseModel):
     reason: str = Field(default="", max_length=160)
 
 
+class JobEndedIn(BaseModel):
+    """``POST /v1/jobs/{id}/ended``: EpilogSlurmctld says a job ended (all optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exit_code: int | None = Field(default=None, ge=0, le=255)
+    state: str | None = Field(default=None, max_length=32, pattern=r"^[A-Za-z_]*$")
+
+
+class JobEndedOut(BaseModel):
+    accepted: bool = True
+    tracked: bool
+
+
 class Accepted(BaseModel):
     accepted: bool = True
     open_faults: int | None = None

@@ -9,11 +9,15 @@ A job is opted in when Slurm shows ``--auto-resume=N`` (``Job.auto_resume``, fro
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 
 from hyperpod_agent.controller.config import ControllerConfig
-from hyperpod_agent.controller.reasons import parse_reason
+from hyperpod_agent.controller.reasons import Verb, parse_reason
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, PlannedEvent, Snapshot
 from hyperpod_agent.controller.store_rows import FaultRow
+from hyperpod_agent.errors import SlurmParseError
+from hyperpod_agent.health import Action
+from hyperpod_agent.slurm.hostlist import expand_hostlist
 from hyperpod_agent.slurm.models import Job
 
 MAX_CAP = 1000  # the SPANK option's upper bound
@@ -33,6 +37,12 @@ def cap_of(job: Job, snap: Snapshot, default_attempts: int) -> int | None:
     return default_attempts if cap == 1 else min(cap, MAX_CAP)
 
 
+def _serious(fault: FaultRow) -> bool:
+    """A fault that says the node is broken. MONITOR faults (XID 13, 31, 43...) are
+    what a buggy application causes: requeueing for them would loop an application bug."""
+    return Action(fault.action).rank >= Action.RESET.rank
+
+
 def _faulty_nodes(
     job: Job, snap: Snapshot, now: float, window: float, faults: Mapping[str, Sequence[FaultRow]]
 ) -> list[str]:
@@ -40,9 +50,11 @@ def _faulty_nodes(
     bad = []
     for name in job.nodes:
         node = snap.nodes.get(name)
-        recent = any(f.node == name and f.last_seen >= now - window for f in snap.history)
+        recent = any(
+            f.node == name and f.last_seen >= now - window and _serious(f) for f in snap.history
+        )
         if (
-            faults.get(name)
+            any(_serious(f) for f in faults.get(name, ()))
             or recent
             or (node is not None and not node.responding)
             or (node is not None and node.drained and parse_reason(node.reason) is not None)
@@ -74,14 +86,106 @@ def _cause(
     return None
 
 
+# Node actions that take a node out of service in this pass.
+TAKING_OUT = (Kind.DRAIN, Kind.HOLD, Kind.REBOOT, Kind.REPLACE)
+
+
+def job_partitions(job: Job, snap: Snapshot) -> set[str]:
+    """Where the requeued job may run: its partition(s), else those of its nodes."""
+    named = {p.strip() for p in job.partition.split(",") if p.strip()}
+    if named:
+        return named
+    return {p for n in job.nodes if (node := snap.nodes.get(n)) for p in node.partitions}
+
+
+def _usable_set(
+    job: Job, snap: Snapshot, planned: Sequence[PlannedAction]
+) -> tuple[set[str], set[str]]:
+    """(usable nodes in the job's partitions, usable nodes anywhere) after this pass."""
+    parts = job_partitions(job, snap)
+    leaving = {a.node for a in planned if a.node and a.kind in TAKING_OUT}
+    coming = {a.node for a in planned if a.node and a.kind is Kind.RESUME}
+    coming |= {
+        str(a.params["spare"]) for a in planned if a.kind is Kind.REPLACE and a.params.get("spare")
+    }
+    anywhere = {
+        n.name
+        for n in snap.nodes.values()
+        if n.name not in leaving and (n.name in coming or (not n.drained and n.responding))
+    }
+    inside = {n for n in anywhere if not parts or parts & set(snap.nodes[n].partitions)}
+    return inside, anywhere
+
+
+def usable_nodes(job: Job, snap: Snapshot, planned: Sequence[PlannedAction]) -> int:
+    """Nodes the requeued job could start on once this pass's actions are done.
+
+    In service (not drained/down, responding), minus nodes taken out in this pass,
+    plus spares promised to replacements and nodes resumed in this pass. The job's own
+    healthy nodes count: requeueing frees them.
+    """
+    return len(_usable_set(job, snap, planned)[0])
+
+
+def required_nodes(job: Job) -> list[str]:
+    """Nodes the job asked for by name (``-w``); none when Slurm may choose."""
+    expr = job.extra.get("required_nodes", "").strip()
+    if not expr or expr == "(null)":
+        return []
+    try:
+        return expand_hostlist(expr)
+    except SlurmParseError:
+        return []  # not ours to judge: let Slurm decide
+
+
+def _held(name: str, snap: Snapshot, planned: Sequence[PlannedAction]) -> bool:
+    """Out for good: held for repair by us (replace, hold), now or in this pass. A node
+    being drained, reset or rebooted by us comes back; one a human drained is theirs."""
+    if any(a.node == name and a.kind in (Kind.REPLACE, Kind.HOLD) for a in planned):
+        return True
+    node = snap.nodes.get(name)
+    if node is None:
+        return True
+    ours = parse_reason(node.reason)
+    return node.drained and ours is not None and ours.verb in (Verb.REPLACE, Verb.HOLD)
+
+
+def capacity_shortfall(job: Job, snap: Snapshot, planned: Sequence[PlannedAction]) -> str | None:
+    """Why the job could not run if requeued now (the waiting message), or None."""
+    held = [n for n in required_nodes(job) if _held(n, snap, planned)]
+    if held:
+        return (
+            f"job {job.job_id} waits for capacity: needs {','.join(held)} "
+            "(asked for by name), held for repair"
+        )
+    inside, _ = _usable_set(job, snap, planned)
+    need = max(1, len(job.nodes))
+    if len(inside) < need:
+        where = ",".join(sorted(job_partitions(job, snap))) or "the cluster"
+        return (
+            f"job {job.job_id} waits for capacity: needs {need} "
+            f"node{'s' if need != 1 else ''} in {where}, {len(inside)} usable"
+        )
+    return None
+
+
+def _when(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def plan(
     snap: Snapshot,
     config: ControllerConfig,
     now: float,
     urgent_nodes: set[str],
     faults: Mapping[str, Sequence[FaultRow]],
+    planned: Sequence[PlannedAction] = (),
 ) -> tuple[list[PlannedAction], list[PlannedEvent]]:
-    """Requeues (and budget-spent notices) for this pass."""
+    """Requeues, budget-spent and not-retried notices, and waiting events for this pass.
+
+    ``planned`` are this pass's node actions (for the capacity guard). Waiting events
+    repeat every pass while they hold; the service records each message once.
+    """
     ar = config.auto_resume
     if not ar.enabled:
         return [], []
@@ -95,15 +199,17 @@ def plan(
         tracked = snap.tracked.get(job.job_id)
         if cap is None or job.job_id in busy or (tracked and tracked.state == "exhausted"):
             continue
-        cause = _cause(job, snap, config, now, urgent_nodes, faults)
-        if cause is None:
-            continue
         if (
             tracked
             and tracked.acted_restart_count is not None
             and job.restart_count <= tracked.acted_restart_count
         ):
             continue  # this failure was already requeued; Slurm has not caught up
+        cause = _cause(job, snap, config, now, urgent_nodes, faults)
+        if cause is None:
+            if job.state.upper() == "FAILED" and (tracked is None or tracked.state != "failed"):
+                actions.append(_not_retried(job, cap, config))
+            continue
         attempts = tracked.attempts if tracked else 0
         if attempts >= cap:
             actions.append(
@@ -111,7 +217,8 @@ def plan(
                     Kind.EXHAUST,
                     None,
                     "",
-                    f"{cause}; retry budget spent ({attempts}/{cap})",
+                    f"{cause}; retry budget spent ({attempts}/{cap}): the job stays "
+                    f"{job.state.upper()}",
                     job_id=job.job_id,
                     params={"cap": cap},
                 )
@@ -120,7 +227,20 @@ def plan(
         if tracked and tracked.last_requeue_at is not None and attempts > 0:
             wait = min(ar.backoff_max_s, ar.backoff_base_s * 2 ** (attempts - 1))
             if now < tracked.last_requeue_at + wait:
+                events.append(
+                    PlannedEvent(
+                        "requeue_backoff",
+                        f"job {job.job_id} waits for back-off: requeue attempt "
+                        f"{attempts + 1}/{cap} not before {_when(tracked.last_requeue_at + wait)}",
+                        job_id=job.job_id,
+                        cause=cause,
+                    )
+                )
                 continue
+        short = capacity_shortfall(job, snap, planned)
+        if short is not None:
+            events.append(PlannedEvent("requeue_waiting", short, job_id=job.job_id, cause=cause))
+            continue
         if budget_left <= 0:
             capped.append(job.job_id)
             continue
@@ -149,3 +269,22 @@ def plan(
             )
         )
     return actions, events
+
+
+def _not_retried(job: Job, cap: int, config: ControllerConfig) -> PlannedAction:
+    """A failure on healthy nodes: said once per failure, and still requeued should a
+    fault on its nodes turn up within ``fault_window_s``."""
+    window = config.auto_resume.fault_window_s
+    cause = (
+        f"job failed (exit {job.exit_code}) on healthy nodes {','.join(job.nodes) or '-'}; "
+        f"retry_on=node_fault: not requeued (a fault found on its nodes within "
+        f"{window:g} s of the failure would still requeue it)"
+    )
+    return PlannedAction(
+        Kind.NOT_RETRIED,
+        None,
+        "",
+        cause,
+        job_id=job.job_id,
+        params={"cap": cap, "restart_count": job.restart_count},
+    )

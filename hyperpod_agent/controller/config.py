@@ -69,11 +69,20 @@ class AutoResumeConfig(BaseModel):
     backoff_max_s: float = Field(default=600.0, ge=0)
     max_requeues_per_minute: int = Field(default=20, ge=1)
     fault_window_s: float = Field(default=600.0, gt=0)
+    checkpoint_root: Path | None = Field(
+        default=None,
+        description="jobs' checkpoint dirs are <root>/<jobid> (the SPANK plugin's "
+        "checkpoint_root=); resume.json there gives resumed_from_step",
+    )
 
     @model_validator(mode="after")
     def _backoff(self) -> AutoResumeConfig:
         if self.backoff_max_s < self.backoff_base_s:
             raise ValueError("backoff_max_s must be >= backoff_base_s")
+        if self.checkpoint_root is not None and not self.checkpoint_root.is_absolute():
+            raise ValueError(
+                f"checkpoint_root must be an absolute path, got {self.checkpoint_root}"
+            )
         return self
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import replace
 
 from hyperpod_agent.controller import autoresume
 from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
@@ -19,6 +20,7 @@ from hyperpod_agent.controller.reasons import (
     parse_admin_request,
     parse_reason,
 )
+from hyperpod_agent.controller.replacement import SUPERSEDED, SparePool, resumable_job_on
 from hyperpod_agent.controller.snapshot import (
     Decision,
     Kind,
@@ -111,6 +113,18 @@ class _Ctx:
         self.faults: dict[str, list[FaultRow]] = defaultdict(list)
         for f in snap.open_faults:
             self.faults[f.node].append(f)
+        # Only the spare pool brings another node in; other providers rebuild the same one.
+        self.spares = SparePool(snap.nodes) if config.provider.kind == "spare_pool" else None
+
+    def with_spare(self, action: PlannedAction) -> PlannedAction:
+        """Promise a spare to a replacement, so two replacements never count on one."""
+        if action.kind is not Kind.REPLACE or self.spares is None or "spare" in action.params:
+            return action
+        failed = self.snap.nodes.get(str(action.node))
+        spare = self.spares.take(failed) if failed is not None else None
+        if spare is None:
+            return action
+        return replace(action, params={**action.params, "spare": spare})
 
     def stale(self, node: Node, health: NodeHealth | None) -> bool:
         """A report generated before the node last booted says nothing about it now."""
@@ -177,6 +191,24 @@ def _remedy(fault: FaultRow, action: Action, name: str, takes_out: bool) -> Plan
     reason = format_reason(verb, fault.component, fault.code, fault.message)
     return PlannedAction(
         kind, name, reason, cause, urgent=urgent, takes_out=takes_out, params=params
+    )
+
+
+def _replace_in_loop(fault: FaultRow, name: str, job_id: int, spare: str) -> PlannedAction:
+    """Replace a node an urgent fault hit under an auto-resume job (HyperPod semantics)."""
+    cause = (
+        f"urgent {fault.component} {fault.code} under auto-resume job {job_id}: "
+        "replace with a spare"
+    )
+    params = {
+        "fault_first_seen": fault.first_seen,
+        "fault_code": fault.code,
+        "spare": spare,
+        "job_id": job_id,
+    }
+    reason = format_reason(Verb.REPLACE, fault.component, fault.code, fault.message)
+    return PlannedAction(
+        Kind.REPLACE, name, reason, cause, urgent=True, takes_out=True, params=params
     )
 
 
@@ -255,6 +287,11 @@ def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
         return []
     if faults:
         f, action = _worst(faults)
+        if f.urgent and action in SUPERSEDED and ctx.spares is not None:
+            job_id = resumable_job_on(name, ctx.snap, ctx.config)
+            spare = ctx.spares.take(node) if job_id is not None else None
+            if job_id is not None and spare is not None:
+                return [_replace_in_loop(f, name, job_id, spare)]
         return [_remedy(f, action, name, takes_out=True)]
     if ctx.heartbeat_lost(node):
         why = f"no heartbeat for > {ctx.policy.heartbeat_timeout_s:g} s and slurmd not responding"
@@ -281,7 +318,8 @@ def _blast_radius(
             continue  # the pool is capacity in waiting, not part of the partition's share
         for part in node.partitions:
             members[part].append(node)
-    new = {a.node for a in planned if a.takes_out and not a.admin}
+    # A replacement with a spare promised does not reduce capacity: the spare comes in.
+    new = {a.node for a in planned if a.takes_out and not a.admin and not a.params.get("spare")}
     for part, nodes in sorted(members.items()):
         out = sum(1 for n in nodes if n.drained and parse_reason(n.reason) is not None)
         adding = sum(1 for n in nodes if n.name in new)
@@ -302,7 +340,7 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
     ctx = _Ctx(snap, config, now)
     planned: list[PlannedAction] = []
     for name in sorted(snap.nodes):
-        planned.extend(_node_rules(ctx, snap.nodes[name]))
+        planned.extend(ctx.with_spare(a) for a in _node_rules(ctx, snap.nodes[name]))
     events: list[PlannedEvent] = []
     incident, why = _blast_radius(snap, config.policy, planned)
     if incident:
@@ -320,5 +358,5 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
         and parse_reason(n.reason) is not None
         and any(f.urgent for f, _ in ctx.actionable(n))
     }
-    job_actions, job_events = autoresume.plan(snap, config, now, urgent_nodes, ctx.faults)
+    job_actions, job_events = autoresume.plan(snap, config, now, urgent_nodes, ctx.faults, planned)
     return Decision(planned + job_actions, events + job_events, incident, why)

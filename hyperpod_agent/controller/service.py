@@ -19,6 +19,7 @@ from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
+from hyperpod_agent.controller.jobwatch import JobWatch
 from hyperpod_agent.controller.policy import decide, faults_from_report
 from hyperpod_agent.controller.providers.base import Provider, SlurmApi
 from hyperpod_agent.controller.snapshot import Decision, NodeHealth, Snapshot
@@ -83,6 +84,7 @@ class Controller:
         self._config_mtime = _mtime(config_path)
         self._last_events: set[str] = set()
         self._pruned_at = 0.0
+        self.watch = JobWatch(store)
         for name, row in store.node_rows().items():
             if row.hb_agent_id is not None and row.hb_seq is not None:
                 self._beats[name] = Heartbeat(
@@ -188,6 +190,46 @@ class Controller:
             self._beats[beat.node] = Heartbeat(beat.node, beat.agent_id, beat.seq, now)
             self._pending_beats[beat.node] = (beat.agent_id, beat.seq, now)
         metrics.REPORTS.labels("heartbeat", "accepted").inc()
+
+    def job_ended(self, job_id: int, exit_code: int | None, state: str | None, who: str) -> bool:
+        """EpilogSlurmctld says ``job_id`` ended: record it and wake the loop, so an
+        auto-resume job is requeued now rather than at the next tick.
+
+        Returns whether the job is an auto-resume job. Ends of jobs known not to have
+        opted in are neither recorded nor acted on (the epilog runs for every job).
+        """
+        now = self.clock()
+        tracked = self.store.job(job_id) is not None
+        known = next((j for j in self.jobs if j.job_id == job_id), None)
+        if tracked or (known is not None and known.auto_resume):
+            detail = ", ".join(
+                part
+                for part in (
+                    f"state {state.upper()}" if state else "",
+                    f"exit {exit_code}" if exit_code is not None else "",
+                )
+                if part
+            )
+            self.store.add_event(
+                "job_ended",
+                f"job {job_id} ended{f' ({detail})' if detail else ''}: reported by {who}",
+                now,
+                job_id=job_id,
+                cause="EpilogSlurmctld",
+            )
+            self._follow_up(job_id)
+            return True
+        if known is None:
+            self._follow_up(job_id)  # younger than our last pass: look at it now
+        return False
+
+    def _follow_up(self, job_id: int) -> None:
+        self.watch.follow(job_id, self.clock())
+        self.wake.set()
+
+    def next_wait(self) -> float:
+        """Seconds until the next pass: short while a notified job end is not visible yet."""
+        return self.watch.wait(self.config.reconcile_interval_s)
 
     def last_heartbeat(self, node: str) -> float | None:
         beat = self._beats.get(node)
@@ -296,7 +338,11 @@ class Controller:
                 metrics.PASSES.labels("slurm_error").inc()
                 return None
         snap = self.snapshot(nodes, jobs, now)
+        self.watch.settle(jobs, now)
         self._track_jobs(snap, now)
+        root = self.config.auto_resume.checkpoint_root
+        if root is not None:
+            self.watch.read_markers(snap, root, self.config.auto_resume.default_attempts, now)
         decision = decide(snap, self.config, now)
         decision = self._dedupe(decision, now)
         if self.executor.execute(decision, nodes, jobs, now):
@@ -367,7 +413,7 @@ class Controller:
                 metrics.PASSES.labels("error").inc()
             if alive is not None:
                 alive()
-            self.wake.wait(self.config.reconcile_interval_s)
+            self.wake.wait(self.next_wait())
             self.wake.clear()
 
 

@@ -13,7 +13,8 @@ from hyperpod_agent.slurm.models import Job, Node
 
 
 class Kind(enum.StrEnum):
-    """Things the executor can do. ``exhaust`` is bookkeeping only (no Slurm call)."""
+    """Things the executor can do. ``exhaust`` and ``not_retried`` are bookkeeping only
+    (no Slurm call)."""
 
     DRAIN = "drain"
     RESUME = "resume"
@@ -22,6 +23,7 @@ class Kind(enum.StrEnum):
     HOLD = "hold"
     REQUEUE = "requeue"
     EXHAUST = "exhaust"
+    NOT_RETRIED = "not_retried"
 
 
 NODE_KINDS = (Kind.DRAIN, Kind.RESUME, Kind.REBOOT, Kind.REPLACE, Kind.HOLD)

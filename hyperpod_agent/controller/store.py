@@ -367,7 +367,8 @@ class Store:
                 (before,),
             ).rowcount
             removed += db.execute(
-                "DELETE FROM jobs WHERE state IN ('done','exhausted') AND updated_at<?", (before,)
+                "DELETE FROM jobs WHERE state IN ('done','exhausted','failed') AND updated_at<?",
+                (before,),
             ).rowcount
         return removed
 

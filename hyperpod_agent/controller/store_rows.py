@@ -144,7 +144,7 @@ class TrackedJob:
     cap: int
     attempts: int = 0
     last_cause: str = ""
-    state: str = "tracked"  # tracked | requeued | exhausted | done
+    state: str = "tracked"  # tracked | requeued | failed | exhausted | done
     last_requeue_at: float | None = None
     acted_restart_count: int | None = None
     resumed_from_step: int | None = None

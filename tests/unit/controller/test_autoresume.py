@@ -84,15 +84,22 @@ CASES = [
         open_faults=[fault("node2")],
     ),
     Case(
+        "FAILED with only an application-error fault (xid13, MONITOR) -> not retried",
+        [job(7, state="FAILED", nodes=("node2",), exit_code=1)],
+        [("not_retried", 7)],
+        open_faults=[fault("node2", code="xid13", action="MONITOR")],
+        history=[fault("node2", code="xid31", action="MONITOR", first_seen=NOW - 60)],
+    ),
+    Case(
         "FAILED after a recent (closed) fault -> requeue",
         [job(7, state="FAILED", nodes=("node2",), exit_code=1)],
         [("requeue", 7)],
         history=[fault("node2", first_seen=NOW - 120, closed_at=NOW - 60, last_seen=NOW - 60)],
     ),
     Case(
-        "FAILED, fault long ago -> nothing",
+        "FAILED, fault long ago -> not retried",
         [job(7, state="FAILED", nodes=("node2",), exit_code=1)],
-        [],
+        [("not_retried", 7)],
         history=[fault("node2", first_seen=NOW - 5000, closed_at=NOW - 4000, last_seen=NOW - 4000)],
     ),
     Case(
@@ -108,8 +115,32 @@ CASES = [
         changes={"node2": node("node2", state="DOWN", flags=("NOT_RESPONDING",))},
     ),
     Case(
-        "FAILED on healthy nodes -> not retried by default",
+        "FAILED on healthy nodes -> not retried by default, said once",
         [job(7, state="FAILED", nodes=("node2",), exit_code=1)],
+        [("not_retried", 7)],
+    ),
+    Case(
+        "FAILED on healthy nodes, already said -> nothing",
+        [job(7, state="FAILED", nodes=("node2",), exit_code=1)],
+        [],
+        tracked=tracked(7, 0, state="failed"),
+    ),
+    Case(
+        "failed again on healthy nodes after a requeue -> said again",
+        [job(7, state="FAILED", nodes=("node2",), exit_code=1, restart_count=1)],
+        [("not_retried", 7)],
+        tracked=tracked(7, 1, last=NOW - 600, acted=0),
+    ),
+    Case(
+        "not retried earlier, then a fault shows on its node -> requeue",
+        [job(7, state="FAILED", nodes=("node2",), exit_code=233)],
+        [("requeue", 7)],
+        open_faults=[fault("node2")],
+        tracked=tracked(7, 0, state="failed"),
+    ),
+    Case(
+        "FAILED, not opted in -> nothing said",
+        [job(7, state="FAILED", nodes=("node2",), exit_code=1, auto_resume=None)],
         [],
     ),
     Case(
@@ -137,10 +168,11 @@ CASES = [
         tracked=tracked(7, 3, state="exhausted"),
     ),
     Case(
-        "back-off not over -> wait",
+        "back-off not over -> wait, one event",
         [job(7, state="NODE_FAIL", restart_count=1)],
         [],
         tracked=tracked(7, 1, last=NOW - 5, acted=0),
+        events=["requeue_backoff"],
     ),
     Case(
         "back-off over -> requeue",
@@ -153,6 +185,7 @@ CASES = [
         [job(7, state="NODE_FAIL", restart_count=2)],
         [],
         tracked=tracked(7, 2, last=NOW - 15, acted=1),
+        events=["requeue_backoff"],
     ),
     Case(
         "back-off is capped",

@@ -111,3 +111,19 @@ def test_load_explicit_file(tmp_path: Path) -> None:
 def test_retention_must_cover_the_policy_windows() -> None:
     with pytest.raises(ConfigError, match="history_retention_s"):
         parse_config("history_retention_s = 3600\n", P)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", None),
+        ('[auto_resume]\ncheckpoint_root = "/fsx/checkpoints"', Path("/fsx/checkpoints")),
+    ],
+)
+def test_checkpoint_root(text: str, expected: Path | None) -> None:
+    assert parse_config(text, P).auto_resume.checkpoint_root == expected
+
+
+def test_checkpoint_root_must_be_absolute() -> None:
+    with pytest.raises(ConfigError, match="auto_resume: .*checkpoint_root must be an absolute"):
+        parse_config('[auto_resume]\ncheckpoint_root = "ckpt"', P)
