@@ -217,7 +217,7 @@ class LocalCluster:
             d / "etc" / "plugstack.conf": render.plugstack_conf(self.shape),
             d / "etc" / "job_submit.lua": render.JOB_SUBMIT_LUA,
             d / "hooks" / "reboot.sh": render.reboot_sh(self.shape, sys.executable),
-            d / "hooks" / "epilog_ctld.sh": render.epilog_ctld_sh(self.shape),
+            d / "hooks" / "epilog_ctld.sh": render.epilog_ctld_sh(self.shape, sys.executable),
             d / "hooks" / "task_prolog.sh": render.task_prolog_sh(self.shape),
         }
         for path, text in files.items():

@@ -197,13 +197,21 @@ def task_prolog_sh(shape: Shape) -> str:
     )
 
 
-def epilog_ctld_sh(shape: Shape) -> str:
-    """EpilogSlurmctld: one line per finished job, for the controller to follow."""
+def epilog_ctld_sh(shape: Shape, python: str) -> str:
+    """EpilogSlurmctld: log the job's end and tell the controller at once (when the
+    services run), so an auto-resume job is requeued without waiting for a pass.
+    ``hyperpod jobs notify-end`` always exits 0 within ~2 s: an epilog must not hang."""
     log = shlex.quote(str(shape.dir / "log" / "job_end.log"))
+    admin = shape.dir / "etc" / "admin.toml"
+    notify = " ".join(
+        shlex.quote(a)
+        for a in [python, "-m", "hyperpod_agent", "jobs", "notify-end", "--config", str(admin)]
+    )
     return (
         "#!/bin/sh\n"
         f"printf '%s job=%s auto_resume=%s exit=%s derived=%s\\n' \"$(date +%s.%N)\" "
         '"$SLURM_JOB_ID" "${SPANK_AUTO_RESUME:-}" "${SLURM_JOB_EXIT_CODE2:-}" '
         f'"${{SLURM_JOB_DERIVED_EC:-}}" >> {log}\n'
+        f"if [ -f {shlex.quote(str(admin))} ]; then {notify} 2>> {log} || true; fi\n"
         "exit 0\n"
     )

@@ -121,7 +121,12 @@ class Services:
                 "max_unhealthy_fraction": 0.5,
                 "lemon_threshold": 100,
             },
-            "auto_resume": {"backoff_base_s": 0.0, "fault_window_s": 120.0},
+            "auto_resume": {
+                "backoff_base_s": 0.0,
+                "fault_window_s": 120.0,
+                # where the SPANK plugin points HYPERPOD_CHECKPOINT_DIR: <root>/<jobid>
+                "checkpoint_root": str(self.dir / "checkpoints"),
+            },
             "provider": {"kind": "spare_pool"},
         }
 

@@ -112,14 +112,25 @@ def test_node_failure_requeues_and_completes(cluster: LocalCluster) -> None:
 def test_job_launched_onto_a_node_that_just_died_is_requeued(cluster: LocalCluster) -> None:
     # Slurm still believes the node is up for a few seconds and starts the job
     # there; srun then fails (exit 233) and Slurm does not requeue it by itself.
+    # The node's agent is held back until the trap has sprung (it would otherwise
+    # drain the node before the job lands); its report then names the fault.
     victim = cluster.nodes[-1]
+    cluster.services.stop(f"agent-{victim}")
     cluster.node_kill(victim)
+    # All four nodes: the batch script starts on node1, srun fails on the dead node.
     job_id, out = drill.submit_training(
-        cluster, steps=6, step_time=0.2, ckpt_every=3, extra=(f"--nodelist={victim}",)
+        cluster, steps=6, step_time=0.2, ckpt_every=3, extra=("-N4",)
     )
-    done = finished(cluster, job_id, timeout=240)
-    assert done.restart_count >= 1, done
-    assert done.state == "COMPLETED", done
+    failed = drill.wait_job_end(cluster, job_id, timeout=60)
+    assert failed.state == "FAILED" and failed.restart_count == 0, failed
+    cluster.services.start_agent(victim)
+    drill.wait_for(
+        f"job {job_id} requeued and completed",
+        240,
+        lambda: (j := job_of(cluster, job_id)).restart_count >= 1 and j.state == "COMPLETED",
+        interval=0.5,
+    )
+    assert victim not in job_of(cluster, job_id).nodes
     assert drill.parse_train_log(out.read_text()).done_step == 6
 
 
@@ -185,7 +196,14 @@ def test_retry_on_any_failure_retries_up_to_the_cap(cluster: LocalCluster) -> No
 
 
 def test_job_without_auto_resume_is_not_requeued(cluster: LocalCluster) -> None:
-    job_id, out = drill.submit_training(cluster, steps=40, step_time=0.3, auto_resume=None)
+    job_id, out = drill.submit_training(
+        cluster,
+        steps=40,
+        step_time=0.3,
+        auto_resume=None,
+        # without --auto-resume the plugin gives the job no checkpoint directory
+        env={"HYPERPOD_CHECKPOINT_DIR": str(cluster.dir / "checkpoints" / "plain")},
+    )
     job = running_with_steps(cluster, job_id, out, 3)
     victim = sorted(job.nodes)[-1]
     drill.inject_xid(cluster, victim)
