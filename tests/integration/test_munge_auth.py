@@ -85,8 +85,9 @@ def _stop(pid: int) -> None:
 @pytest.fixture(scope="module")
 def mungeds() -> Iterator[tuple[Path, Path]]:
     """Two munged daemons with different keys; always stopped by pid."""
-    if shutil.which("munged") is None or not _munge.available():
-        pytest.skip("munge is not installed")
+    assert shutil.which("munged") is not None and _munge.available(), (
+        "munge is not installed: run scripts/setup.sh"
+    )
     # Not under pytest's 0700 tmp: an unprivileged client must reach the socket.
     base = Path(tempfile.mkdtemp(prefix="hp-munge-", dir="/tmp"))
     base.chmod(0o755)

@@ -197,8 +197,7 @@ def test_auto_resume_value_reaches_the_job(
     help_text = subprocess.run(
         ["sbatch", "--help"], env=local_cluster.env, capture_output=True, text=True, timeout=15
     ).stdout
-    if "--auto-resume" not in help_text:
-        pytest.skip("the auto-resume SPANK plugin is not installed in this cluster")
+    assert "--auto-resume" in help_text, "the local cluster did not load the SPANK plugin"
     job_id = submit("-N1", "--auto-resume=2", "--requeue", "--wrap", "sleep 120")
     job = wait_for(lambda: _in_state(client, job_id, "RUNNING"), 30, "the job to run")
     assert job.auto_resume == 2 and job.admin_comment == "auto_resume=2"
