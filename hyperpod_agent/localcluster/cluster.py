@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import procs, render
+from hyperpod_agent.localcluster import daemons, namespaces, procs, render
 from hyperpod_agent.localcluster.render import Shape
 
 if TYPE_CHECKING:
@@ -33,22 +33,33 @@ log = logging.getLogger(__name__)
 
 DEFAULT_DIR = Path("/var/tmp/hyperpod-local")
 DEFAULT_PORT_BASE = 16817
-SBIN = Path("/usr/sbin")
+SBIN = daemons.SBIN
 SPANK_SOURCE = Path(__file__).resolve().parents[2] / "spank_plugin"
 
 
-def _is_mount(path: Path) -> bool:
-    target = str(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == target for line in f)
-
-
-def _log_tail(path: Path, lines: int = 3) -> str:
-    try:
-        text = path.read_text(errors="replace").strip().splitlines()
-    except OSError:
-        return f"(no log at {path})"
-    return " | ".join(text[-lines:]) if text else f"({path} is empty)"
+def install_spank_plugin(lib: Path) -> None:
+    """Build spank_plugin/ (or take $HYPERPOD_SPANK_PLUGIN) and install it atomically
+    as ``lib/auto_resume.so``, so running daemons never load a half-written file."""
+    built = os.environ.get("HYPERPOD_SPANK_PLUGIN")
+    if built:
+        so = Path(built)
+    else:
+        if not (SPANK_SOURCE / "Makefile").exists():
+            raise LocalClusterError(
+                "SPANK plugin source not found: set HYPERPOD_SPANK_PLUGIN to a built auto_resume.so"
+            )
+        res = subprocess.run(
+            ["make", "-s", "-C", str(SPANK_SOURCE)], capture_output=True, text=True, timeout=120
+        )
+        if res.returncode != 0:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-1:]
+            raise LocalClusterError(f"building the SPANK plugin failed: {' '.join(tail)}")
+        so = SPANK_SOURCE / "auto_resume.so"
+    if not so.exists():
+        raise LocalClusterError(f"SPANK plugin {so} does not exist")
+    tmp = lib / "auto_resume.so.new"
+    shutil.copyfile(so, tmp)
+    os.replace(tmp, lib / "auto_resume.so")
 
 
 class LocalCluster:
@@ -166,7 +177,7 @@ class LocalCluster:
                     f"a different local cluster runs in {self.dir} "
                     f"({current.nodes} nodes + {current.spares} spares); run down first"
                 )
-            self._wait_idle(self.nodes, timeout)
+            self.wait_idle(self.nodes, timeout)
             if services and not self.has_services():
                 self.services.up()
             return False
@@ -175,12 +186,12 @@ class LocalCluster:
         self.check_ports()
         self._write_files()
         try:
-            self._pin_host_namespaces()
+            namespaces.pin_host(self.dir / "run")
             self._start_munged()
             self._start_slurmctld()
             for name in self.shape.all_names:
                 self.node_start(name)
-            self._wait_idle(self.nodes, timeout)
+            self.wait_idle(self.nodes, timeout)
             if services:
                 self.services.up()
         except BaseException:
@@ -228,83 +239,16 @@ class LocalCluster:
         meta["dir"] = str(self.dir)
         meta["host_boot_epoch"] = time.time() - float(Path("/proc/uptime").read_text().split()[0])
         (d / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
-        self._install_plugin()
-
-    def _install_plugin(self) -> None:
-        built = os.environ.get("HYPERPOD_SPANK_PLUGIN")
-        if built:
-            so = Path(built)
-        else:
-            if not (SPANK_SOURCE / "Makefile").exists():
-                raise LocalClusterError(
-                    "SPANK plugin source not found: set "
-                    "HYPERPOD_SPANK_PLUGIN to a built auto_resume.so"
-                )
-            res = subprocess.run(
-                ["make", "-s", "-C", str(SPANK_SOURCE)], capture_output=True, text=True, timeout=120
-            )
-            if res.returncode != 0:
-                tail = (res.stderr or res.stdout).strip().splitlines()[-1:]
-                raise LocalClusterError(f"building the SPANK plugin failed: {' '.join(tail)}")
-            so = SPANK_SOURCE / "auto_resume.so"
-        if not so.exists():
-            raise LocalClusterError(f"SPANK plugin {so} does not exist")
-        tmp = self.dir / "lib" / "auto_resume.so.new"
-        shutil.copyfile(so, tmp)
-        os.replace(tmp, self.dir / "lib" / "auto_resume.so")
+        install_spank_plugin(self.dir / "lib")
 
     def _start_munged(self) -> None:
-        mdir = self.dir / "munge"
-        mdir.chmod(0o755)  # munged refuses a socket dir without o+x
-        key = mdir / "munge.key"
-        if not key.exists():
-            subprocess.run(
-                ["mungekey", "-c", "-k", str(key), "-b", "1024"],
-                check=True,
-                capture_output=True,
-                timeout=30,
-            )
-            key.chmod(0o400)
-        pidfile = mdir / "munged.pid"
-        res = subprocess.run(
-            [
-                str(SBIN / "munged"),
-                f"--socket={self.munge_socket}",
-                f"--key-file={key}",
-                f"--pid-file={pidfile}",
-                f"--seed-file={mdir / 'munged.seed'}",
-                f"--log-file={self.dir / 'log' / 'munged.log'}",
-                "--num-threads=4",
-                "--force",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
+        pid = daemons.start_munged(
+            self.dir / "munge", self.munge_socket, self.dir / "log" / "munged.log"
         )
-        if res.returncode != 0:
-            raise LocalClusterError(
-                f"munged failed to start: {res.stderr.strip()} "
-                f"(log: {self.dir / 'log' / 'munged.log'})"
-            )
-        procs.write_pidfile(self._run("munged.pid"), int(pidfile.read_text().split()[0]))
+        procs.write_pidfile(self._run("munged.pid"), pid)
 
     def _spawn(self, argv: list[str], logname: str, env: dict[str, str] | None = None) -> int:
-        """Start a daemon in its own session, detached from us: no Popen object that
-        would outlive its process, output appended to ``log/<logname>``."""
-        actions = [
-            (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
-            (
-                os.POSIX_SPAWN_OPEN,
-                1,
-                str(self.dir / "log" / logname),
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                0o644,
-            ),
-            (os.POSIX_SPAWN_DUP2, 1, 2),
-        ]
-        return os.posix_spawnp(
-            argv[0], argv, {**self.env, **(env or {})}, file_actions=actions, setsid=True
-        )
+        return daemons.spawn(argv, self.dir / "log" / logname, {**self.env, **(env or {})})
 
     def _start_slurmctld(self) -> None:
         pid = self._spawn(
@@ -347,15 +291,15 @@ class LocalCluster:
         if ns is None:
             raise LocalClusterError(
                 f"{name}: slurmd did not start "
-                f"({_log_tail(self.dir / 'log' / f'slurmd-{name}.stdout')})"
+                f"({daemons.log_tail(self.dir / 'log' / f'slurmd-{name}.stdout')})"
             )
-        self._pin_namespace(name, pid)
+        namespaces.pin_node(self.dir / "run", name, pid)
         deadline = time.monotonic() + 5
         while not os.path.basename(procs.exe(pid)).startswith("slurmd"):
             if time.monotonic() > deadline or not procs.alive(pid):
                 raise LocalClusterError(
                     f"{name}: slurmd did not start "
-                    f"({_log_tail(self.dir / 'log' / f'slurmd-{name}.log')})"
+                    f"({daemons.log_tail(self.dir / 'log' / f'slurmd-{name}.log')})"
                 )
             time.sleep(0.01)
         procs.write_pidfile(self._run(f"slurmd-{name}.pid"), pid)
@@ -421,15 +365,13 @@ class LocalCluster:
         return {n.name: "+".join([n.state, *sorted(n.flags)]) for n in nodes}
 
     def wait_idle(self, names: list[str], timeout: float = 30.0) -> None:
-        self._wait_idle(names, timeout)
-
-    def _wait_idle(self, names: list[str], timeout: float) -> None:
+        """Wait until every node in ``names`` is IDLE and not drained."""
         deadline = time.monotonic() + timeout
         states: dict[str, str] = {}
         while time.monotonic() < deadline:
             if procs.read_pidfile(self._run("slurmctld.pid"), "slurmctld") is None:
                 raise LocalClusterError(
-                    f"slurmctld exited: {_log_tail(self.dir / 'log' / 'slurmctld.log')}"
+                    f"slurmctld exited: {daemons.log_tail(self.dir / 'log' / 'slurmctld.log')}"
                 )
             try:
                 states = self.node_states()
@@ -447,7 +389,7 @@ class LocalCluster:
             f"timed out after {timeout:g} s waiting for {','.join(bad)} to be idle "
             f"(state {seen}); see "
             f"{self.dir / 'log' / f'slurmd-{bad[0]}.log'}: "
-            f"{_log_tail(self.dir / 'log' / f'slurmd-{bad[0]}.log', 2)}"
+            f"{daemons.log_tail(self.dir / 'log' / f'slurmd-{bad[0]}.log', 2)}"
         )
 
     # ---------------------------------------------------------------- down
@@ -463,65 +405,9 @@ class LocalCluster:
                 found[name] = pid
         return found
 
-    def _pin_host_namespaces(self) -> None:
-        """Keep handles on this machine's own UTS and time namespaces (run/host-*):
-        the RebootProgram runs inside a node and must restart it from the host."""
-        for kind in ("uts", "time"):
-            pin = self._run(f"host-{kind}")
-            if _is_mount(pin):
-                continue
-            pin.touch()
-            res = subprocess.run(
-                ["mount", "--bind", f"/proc/self/ns/{kind}", str(pin)],
-                capture_output=True,
-                text=True,
-                timeout=10,
-            )
-            if res.returncode != 0:
-                raise LocalClusterError(
-                    f"cannot pin the host's {kind} namespace: {res.stderr.strip()}"
-                )
-
-    def _pin_namespace(self, name: str, pid: int) -> None:
-        """Bind-mount the node's new UTS namespace under run/ns/. The mount keeps the
-        namespace alive, so its inode number cannot be handed to another cluster's
-        node while we might still sweep it (the kernel reuses free numbers)."""
-        nsdir = self.dir / "run" / "ns"
-        nsdir.mkdir(parents=True, exist_ok=True)
-        pin = nsdir / f"{name}.{pid}"
-        pin.touch()
-        res = subprocess.run(
-            ["mount", "--bind", f"/proc/{pid}/ns/uts", str(pin)],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        if res.returncode != 0:
-            pin.unlink(missing_ok=True)
-            raise LocalClusterError(f"{name}: cannot pin its namespace: {res.stderr.strip()}")
-
-    def _pinned_namespaces(self) -> dict[Path, str]:
-        nsdir = self.dir / "run" / "ns"
-        pins: dict[Path, str] = {}
-        for pin in sorted(nsdir.iterdir()) if nsdir.is_dir() else []:
-            try:
-                pins[pin] = f"uts:[{pin.stat().st_ino}]"
-            except OSError:
-                continue
-        host = {procs.uts_ns(1), procs.uts_ns(os.getpid())}
-        return {pin: ns for pin, ns in pins.items() if ns not in host}
-
     def namespace_pids(self) -> list[int]:
         """Processes living in the namespaces our slurmd were started in."""
-        namespaces = {ns for pin, ns in self._pinned_namespaces().items() if _is_mount(pin)}
-        return procs.pids_in_namespaces(namespaces)
-
-    def _unpin_namespaces(self) -> None:
-        pins = [*self._pinned_namespaces(), self._run("host-uts"), self._run("host-time")]
-        for pin in pins:
-            if _is_mount(pin):
-                subprocess.run(["umount", str(pin)], capture_output=True, timeout=10)
-            pin.unlink(missing_ok=True)
+        return namespaces.node_pids(self.dir / "run")
 
     def stop_daemons(self) -> None:
         """Stop exactly what we started: extra processes, slurmctld, slurmd,
@@ -536,7 +422,7 @@ class LocalCluster:
                 break
             procs.stop(leftovers, timeout=1)
         procs.stop([p for n, p in pids.items() if n == "munged"])
-        self._unpin_namespaces()
+        namespaces.unpin_all(self.dir / "run")
         run = self.dir / "run"
         for pidfile in run.glob("*.pid") if run.exists() else []:
             pidfile.unlink(missing_ok=True)

@@ -1,0 +1,65 @@
+"""Starting the local cluster's daemons: munged with its own key and socket, and
+detached processes (slurmctld, slurmd, the hyperpod services)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+from hyperpod_agent.errors import LocalClusterError
+
+SBIN = Path("/usr/sbin")
+
+
+def start_munged(mdir: Path, socket: Path, log: Path) -> int:
+    """Start munged (daemonizing itself) with a key of its own; its pid."""
+    mdir.chmod(0o755)  # munged refuses a socket dir without o+x
+    key = mdir / "munge.key"
+    if not key.exists():
+        subprocess.run(
+            ["mungekey", "-c", "-k", str(key), "-b", "1024"],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        key.chmod(0o400)
+    pidfile = mdir / "munged.pid"
+    res = subprocess.run(
+        [
+            str(SBIN / "munged"),
+            f"--socket={socket}",
+            f"--key-file={key}",
+            f"--pid-file={pidfile}",
+            f"--seed-file={mdir / 'munged.seed'}",
+            f"--log-file={log}",
+            "--num-threads=4",
+            "--force",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if res.returncode != 0:
+        raise LocalClusterError(f"munged failed to start: {res.stderr.strip()} (log: {log})")
+    return int(pidfile.read_text().split()[0])
+
+
+def spawn(argv: list[str], log: Path, env: dict[str, str]) -> int:
+    """Start a daemon in its own session, detached from us: no Popen object that
+    would outlive its process; output appended to ``log``."""
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(log), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+
+
+def log_tail(path: Path, lines: int = 3) -> str:
+    """The last lines of a daemon's log, on one line, for error messages."""
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return f"(no log at {path})"
+    return " | ".join(text[-lines:]) if text else f"({path} is empty)"
