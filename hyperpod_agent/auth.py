@@ -25,9 +25,7 @@ import pwd
 import re
 import secrets
 import socket
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +34,41 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from hyperpod_agent import _munge
+from hyperpod_agent.auth_tokens import (
+    MIN_SECRET_BYTES,
+    ReplayCache,
+    body_digest,
+    derive_key,
+    normalize_path,
+    read_key,
+    read_secret,
+    token_signature,
+)
 from hyperpod_agent.errors import ConfigError, HyperpodError
+
+__all__ = [
+    "MIN_SECRET_BYTES",
+    "AuthConfig",
+    "AuthError",
+    "ClientAuth",
+    "Identity",
+    "ReplayCache",
+    "ServerAuth",
+    "body_digest",
+    "derive_key",
+    "describe",
+    "normalize_path",
+    "read_key",
+    "read_secret",
+    "require_admin",
+    "require_node",
+    "token_signature",
+]
 
 log = logging.getLogger(__name__)
 
 PAYLOAD_VERSION = 1
 NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-MIN_SECRET_BYTES = 32
 
 
 class AuthError(HyperpodError):
@@ -116,102 +142,6 @@ def describe(identity: Identity) -> str:
     if identity.node:
         return f"uid {identity.uid} (node {identity.node})"
     return f"uid {identity.uid}"
-
-
-def body_digest(body: bytes) -> str:
-    """Hex sha256 of a request body, as bound into credentials."""
-    return hashlib.sha256(body).hexdigest()
-
-
-def normalize_path(path: str) -> str:
-    """The part of a request target credentials bind: the path without its query."""
-    return path.split("?", 1)[0] or "/"
-
-
-def derive_key(secret: bytes, subject: str) -> bytes:
-    """Token mode: the key of ``subject`` ("node:<name>" or "admin")."""
-    return hmac.new(secret, subject.encode(), hashlib.sha256).digest()
-
-
-def read_secret(path: Path) -> bytes:
-    """Read a cluster secret file; raise ConfigError when missing or too short."""
-    try:
-        secret = path.read_bytes().strip()
-    except OSError as exc:
-        raise ConfigError(f"auth.token_secret_file {path}: {exc.strerror}") from exc
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ConfigError(
-            f"auth.token_secret_file {path}: secret is {len(secret)} bytes, "
-            f"expected at least {MIN_SECRET_BYTES}"
-        )
-    return secret
-
-
-def read_key(path: Path) -> bytes:
-    """Read a derived key file (64 hex digits); raise ConfigError otherwise."""
-    try:
-        text = path.read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"auth.token_key_file {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"auth.token_key_file {path}: not text") from exc
-    if not re.fullmatch(r"[0-9a-fA-F]{64}", text):
-        raise ConfigError(f"auth.token_key_file {path}: expected 64 hex digits")
-    return bytes.fromhex(text)
-
-
-def token_signature(
-    key: bytes, subject: str, method: str, path: str, ts: str, nonce: str, body: bytes
-) -> str:
-    """Token mode: hex HMAC binding a request to the key holder."""
-    message = "\n".join(
-        [subject, method.upper(), normalize_path(path), ts, nonce, body_digest(body)]
-    )
-    return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
-
-
-class ReplayCache:
-    """Remembers credentials seen within the skew window, bounded in size.
-
-    When the cache is full, the oldest entry is dropped and the time floor rises to its
-    timestamp: anything stamped at or before the floor is refused from then on, so a
-    dropped entry can never be replayed.
-    """
-
-    def __init__(self, size: int, window_s: float):
-        self.size = size
-        self.window_s = window_s
-        self.floor = 0.0
-        self._seen: OrderedDict[str, float] = OrderedDict()
-        # The API may verify requests on several threads at once.
-        self._lock = threading.Lock()
-
-    def seen(self, key: str) -> bool:
-        """True when ``key`` was accepted within the window."""
-        with self._lock:
-            return key in self._seen
-
-    def check_and_add(self, key: str, stamped: float, now: float) -> str | None:
-        """Record ``key``; return why it is refused, or None when it is fresh."""
-        with self._lock:
-            return self._check_and_add(key, stamped, now)
-
-    def _check_and_add(self, key: str, stamped: float, now: float) -> str | None:
-        while self._seen:
-            oldest_key, oldest = next(iter(self._seen.items()))
-            if oldest >= now - self.window_s:
-                break
-            del self._seen[oldest_key]
-        if key in self._seen:
-            return "replayed credential"
-        if stamped <= self.floor:
-            return "credential older than the replay cache can vouch for"
-        if len(self._seen) >= self.size:
-            _, dropped = self._seen.popitem(last=False)
-            self.floor = max(self.floor, dropped)
-        # Ordered by arrival, which tracks the stamp closely enough for expiry.
-        self._seen[key] = stamped
-        return None
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
