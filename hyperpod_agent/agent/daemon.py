@@ -9,9 +9,7 @@ loop logs when the node's state or a probe's status changes, not every cycle.
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 import uuid
@@ -29,24 +27,9 @@ from hyperpod_agent.health import NodeReport, Status, Verdict
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig
 from hyperpod_agent.probes.registry import PROBES
 from hyperpod_agent.probes.runner import ProbeRunner
+from hyperpod_agent.sdnotify import sd_notify
 
 log = logging.getLogger(__name__)
-
-
-def sd_notify(state: str) -> bool:
-    """Send ``state`` (READY=1, WATCHDOG=1, STOPPING=1) to systemd if it listens."""
-    path = os.environ.get("NOTIFY_SOCKET")
-    if not path:
-        return False
-    address = "\0" + path[1:] if path.startswith("@") else path
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-            sock.connect(address)
-            sock.sendall(state.encode())
-        return True
-    except OSError as exc:
-        log.warning("sd_notify %s failed: %s", state, exc)
-        return False
 
 
 class _BrokenProbe(Probe[ProbeConfig]):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import fcntl
 import logging
-import os
 import socket
 import sys
 import threading
@@ -18,22 +17,9 @@ from hyperpod_agent.controller.providers import make_provider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.errors import ConfigError, HyperpodError
+from hyperpod_agent.sdnotify import sd_notify
 
 log = logging.getLogger(__name__)
-
-
-def sd_notify(message: str) -> None:
-    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-            sock.sendto(message.encode(), address)
-    except OSError as exc:
-        log.warning("sd_notify failed: %s", exc)
 
 
 _LOCKS: list[object] = []

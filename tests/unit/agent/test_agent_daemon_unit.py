@@ -13,11 +13,12 @@ import pytest
 
 from hyperpod_agent.agent.cache import read_report
 from hyperpod_agent.agent.config import AgentConfig
-from hyperpod_agent.agent.daemon import Agent, build_probes, make_reporter, sd_notify
+from hyperpod_agent.agent.daemon import Agent, build_probes, make_reporter
 from hyperpod_agent.errors import HyperpodError
 from hyperpod_agent.health import NodeReport, Status, Verdict
 from hyperpod_agent.probes import registry
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig
+from hyperpod_agent.sdnotify import sd_notify
 
 ONLY_GPU = {name: {"enabled": False} for name in registry.PROBES if name != "gpu"}
 
@@ -25,13 +26,27 @@ ONLY_GPU = {name: {"enabled": False} for name in registry.PROBES if name != "gpu
 def make_config(tmp_path: Path, gpus: int = 8, **extra: Any) -> AgentConfig:
     scenario = tmp_path / "scenario.json"
     scenario.write_text(json.dumps({"generate": gpus}))
-    probes: dict[str, Any] = {**ONLY_GPU, "gpu": {
-        "backend": "fake", "fake_scenario": str(scenario), "kmsg_path": None,
-        "expected_count": 8, "interval_s": 0.1, "timeout_s": 1}}
-    return AgentConfig.model_validate({
-        "node_name": "node1", "cache_path": str(tmp_path / "health.json"),
-        "metrics": {"enabled": False}, "verdict": {"grace_s": 0, "fail_after_runs": 2},
-        "probes": probes, **extra})
+    probes: dict[str, Any] = {
+        **ONLY_GPU,
+        "gpu": {
+            "backend": "fake",
+            "fake_scenario": str(scenario),
+            "kmsg_path": None,
+            "expected_count": 8,
+            "interval_s": 0.1,
+            "timeout_s": 1,
+        },
+    }
+    return AgentConfig.model_validate(
+        {
+            "node_name": "node1",
+            "cache_path": str(tmp_path / "health.json"),
+            "metrics": {"enabled": False},
+            "verdict": {"grace_s": 0, "fail_after_runs": 2},
+            "probes": probes,
+            **extra,
+        }
+    )
 
 
 class Recorder:
@@ -76,8 +91,9 @@ def test_unwritable_cache_is_logged_not_fatal(tmp_path: Path) -> None:
     agent.close()
 
 
-def test_broken_probe_constructor_becomes_unknown(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_broken_probe_constructor_becomes_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     class Exploding(Probe[ProbeConfig]):
         name = "cpu"
         config_model = ProbeConfig
@@ -90,8 +106,15 @@ def test_broken_probe_constructor_becomes_unknown(tmp_path: Path,
 
     monkeypatch.setitem(registry.PROBES, "cpu", Exploding)
     cfg = make_config(tmp_path).model_copy()
-    probes = build_probes(cfg.model_copy(update={"probes": cfg.probes.model_copy(
-        update={"cpu": cfg.probes.cpu.model_copy(update={"enabled": True})})}))
+    probes = build_probes(
+        cfg.model_copy(
+            update={
+                "probes": cfg.probes.model_copy(
+                    update={"cpu": cfg.probes.cpu.model_copy(update={"enabled": True})}
+                )
+            }
+        )
+    )
     out = probes["cpu"].check()
     assert out.status == Status.UNKNOWN and "FileNotFoundError" in out.message
 
@@ -111,8 +134,9 @@ def test_sd_notify_sends_datagram(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert not sd_notify("READY=1")
 
 
-def test_run_loop_ready_then_watchdog_and_stops(tmp_path: Path,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_run_loop_ready_then_watchdog_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     path = tmp_path / "notify"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(path))

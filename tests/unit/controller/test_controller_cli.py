@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 
 from hyperpod_agent.controller.cli import controller
@@ -63,21 +62,3 @@ def test_second_instance_on_the_same_state_refuses(tmp_path: Path) -> None:
     )
     _LOCKS.pop().close()  # type: ignore[attr-defined]
     assert proc.returncode != 0 and "another controller is running" in proc.stderr
-
-
-def test_sd_notify_sends_to_the_notify_socket(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import socket
-
-    from hyperpod_agent.controller.cli import sd_notify
-
-    path = tmp_path / "notify"
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.bind(str(path))
-        sock.settimeout(5)
-        monkeypatch.setenv("NOTIFY_SOCKET", str(path))
-        sd_notify("READY=1")
-        assert sock.recv(64) == b"READY=1"
-    monkeypatch.delenv("NOTIFY_SOCKET")
-    sd_notify("READY=1")  # outside systemd: a no-op
