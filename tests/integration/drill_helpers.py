@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.errors import LocalClusterError, SlurmError
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services
 from hyperpod_agent.slurm.models import Node
@@ -263,8 +263,13 @@ class Drill:
         for name in self.all_nodes:
             if self.cluster.slurmd_pid(name) is None:
                 # slurmd gone (killed, or a reboot that never ran): a fresh boot
-                # brings it back and restarts the node's agent.
-                self.cluster.node_reboot(name)
+                # brings it back and restarts the node's agent. A reboot under way
+                # (its slurmd stopped, the new one not yet started) finishes alone.
+                try:
+                    self.cluster.node_reboot(name)
+                except LocalClusterError as exc:
+                    if "already under way" not in str(exc):
+                        raise
         for name in restart_agents:
             self.restart_agent(name)
         # Reboots in flight finish on their own (RebootProgram -> new boot time).
