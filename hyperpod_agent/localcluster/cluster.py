@@ -120,38 +120,11 @@ class LocalCluster:
     # ----------------------------------------------------------------- checks
     def check_can_start(self) -> None:
         """Everything that must hold before anything is started."""
-        if os.geteuid() != 0:
-            raise LocalClusterError("the local cluster needs root (it runs slurmd and munged)")
-        if self.shape.nodes < 1 or self.shape.spares < 0:
-            raise LocalClusterError("--nodes must be >= 1 and --spares >= 0")
-        if self.shape.nodes + self.shape.spares > 64:
-            raise LocalClusterError("at most 64 nodes fit on one machine")
-        if not (1024 <= self.shape.port_base and max(self.shape.ports) <= 65535):
-            raise LocalClusterError(f"--port-base {self.shape.port_base} leaves the port range")
-        for tool in ("slurmctld", "slurmd", "munged"):
-            if not (SBIN / tool).exists():
-                raise LocalClusterError(
-                    f"{SBIN / tool} is missing: apt-get install slurmd slurmctld slurm-client munge"
-                )
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            probe = self.dir / ".write-test"
-            probe.write_text("x")
-            probe.unlink()
-        except OSError as exc:
-            raise LocalClusterError(f"cannot write to {self.dir}: {exc.strerror}") from None
+        daemons.preflight(self.shape)
 
     def check_ports(self) -> None:
         """Every port the cluster needs is free on 127.0.0.1."""
-        for port in self.shape.ports:
-            with socket.socket() as s:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    raise LocalClusterError(
-                        f"port {port} on 127.0.0.1 is in use: choose another --port-base"
-                    ) from None
+        daemons.ports_free(self.shape.ports)
 
     # ------------------------------------------------------------------ up
     def running(self) -> bool:
@@ -260,10 +233,25 @@ class LocalCluster:
     def slurmd_pid(self, name: str) -> int | None:
         return procs.read_pidfile(self._run(f"slurmd-{name}.pid"), "slurmd")
 
-    def node_start(self, name: str, fresh_boot: bool = False) -> int:
+    def node_start(self, name: str) -> int:
+        """Start ``name``'s slurmd unless it runs; returns its pid. Waits for a fake
+        reboot under way to finish first (a start in its middle would spoil it)."""
+        self._check_node(name)
+        with open(self._run(f"reboot-{name}.lock"), "w") as lock:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise LocalClusterError(f"{name}: a reboot did not finish") from None
+                    time.sleep(0.1)
+            return self._start_slurmd(name, fresh_boot=False)
+
+    def _start_slurmd(self, name: str, fresh_boot: bool) -> int:
         """Start ``name``'s slurmd in a new UTS namespace (and, for a fake reboot,
         a new time namespace whose boot time is now). Returns its pid."""
-        self._check_node(name)
         pid = self.slurmd_pid(name)
         if pid is not None:
             return pid
@@ -350,7 +338,7 @@ class LocalCluster:
             # is later than the second it issued the request in; slurmd's boot time
             # can read up to 2 s early (whole-second uptime).
             time.sleep(2.0)
-            return self.node_start(name, fresh_boot=True)
+            return self._start_slurmd(name, fresh_boot=True)
 
     def _check_node(self, name: str) -> None:
         if name not in self.shape.all_names:

@@ -4,12 +4,52 @@ detached processes (slurmctld, slurmd, the hyperpod services)."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 from pathlib import Path
 
 from hyperpod_agent.errors import LocalClusterError
+from hyperpod_agent.localcluster.render import Shape
 
 SBIN = Path("/usr/sbin")
+
+
+def preflight(shape: Shape) -> None:
+    """What must hold before the cluster starts anything: root, sane counts and
+    ports, Slurm and munge installed, a writable directory."""
+    if os.geteuid() != 0:
+        raise LocalClusterError("the local cluster needs root (it runs slurmd and munged)")
+    if shape.nodes < 1 or shape.spares < 0:
+        raise LocalClusterError("--nodes must be >= 1 and --spares >= 0")
+    if shape.nodes + shape.spares > 64:
+        raise LocalClusterError("at most 64 nodes fit on one machine")
+    if not (1024 <= shape.port_base and max(shape.ports) <= 65535):
+        raise LocalClusterError(f"--port-base {shape.port_base} leaves the port range")
+    for tool in ("slurmctld", "slurmd", "munged"):
+        if not (SBIN / tool).exists():
+            raise LocalClusterError(
+                f"{SBIN / tool} is missing: apt-get install slurmd slurmctld slurm-client munge"
+            )
+    try:
+        shape.dir.mkdir(parents=True, exist_ok=True)
+        probe = shape.dir / ".write-test"
+        probe.write_text("x")
+        probe.unlink()
+    except OSError as exc:
+        raise LocalClusterError(f"cannot write to {shape.dir}: {exc.strerror}") from None
+
+
+def ports_free(ports: list[int]) -> None:
+    """Raise naming the first of ``ports`` already in use on 127.0.0.1."""
+    for port in ports:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                raise LocalClusterError(
+                    f"port {port} on 127.0.0.1 is in use: choose another --port-base"
+                ) from None
 
 
 def start_munged(mdir: Path, socket: Path, log: Path) -> int:
