@@ -333,12 +333,15 @@ class LocalCluster:
                 procs.stop([pid])
             # The machine's hyperpod side comes back clean before Slurm sees it.
             if self.has_services():
-                self.services.reboot_node(name)
+                self.services.power_off(name)
             # slurmctld accepts the reboot as done only if the boot time it is told
             # is later than the second it issued the request in; slurmd's boot time
             # can read up to 2 s early (whole-second uptime).
             time.sleep(2.0)
-            return self._start_slurmd(name, fresh_boot=True)
+            pid = self._start_slurmd(name, fresh_boot=True)
+            if self.has_services():
+                self.services.start_agent(name)
+            return pid
 
     def _check_node(self, name: str) -> None:
         if name not in self.shape.all_names:

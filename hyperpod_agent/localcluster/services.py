@@ -140,7 +140,9 @@ class Services:
             "auto_resume_markers": str(self.dir / "autoresume"),
             "cycle_s": 1.0,
             "metrics": {"port": self.metrics_port(node)},
-            "verdict": {"grace_s": 0.0},
+            # A restarted agent waits a little before non-urgent verdicts, as on a
+            # booting node; urgent GPU faults are reported at once.
+            "verdict": {"grace_s": 5.0},
             "probes": {
                 "gpu": {
                     "backend": "fake",
@@ -312,9 +314,11 @@ class Services:
         for node in self.cluster.shape.all_names:
             self.remove_node_hardware(node)
 
-    def reboot_node(self, node: str) -> None:
-        """What a reboot does to the node's hyperpod side: the GPUs come back healthy,
-        the links come up, and the agent starts afresh."""
+    def power_off(self, node: str) -> None:
+        """The first half of a reboot on the hyperpod side: the agent stops and the
+        hardware comes back clean (GPUs healthy, link up, scratch writable). The
+        agent starts again (``start_agent``) once the node's slurmd runs, as systemd
+        orders it on a real node."""
         if not (self.dir / "etc" / f"agent-{node}.toml").exists():
             return
         self.stop(f"agent-{node}")
@@ -327,4 +331,3 @@ class Services:
                 capture_output=True,
                 timeout=10,
             )
-        self.start_agent(node)
