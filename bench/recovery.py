@@ -37,11 +37,13 @@ PHASES = ("drained", "requeued", "running_again", "first_new_step")
 BASE = Path("/var/tmp/hyperpod-bench-recovery")
 
 
-def _job_on_two(cluster: LocalCluster, native: bool, tag: str) -> tuple[int, Path, str]:
+def _job_on_two(
+    cluster: LocalCluster, native: bool, tag: str, steps: int = 400
+) -> tuple[int, Path, str]:
     env = {"HYPERPOD_CHECKPOINT_DIR": str(cluster.dir / "checkpoints" / tag)} if native else None
     job_id, out = drill.submit_training(
         cluster,
-        steps=400,
+        steps=steps,
         step_time=0.25,
         ckpt_every=5,
         auto_resume=None if native else 1,
@@ -93,8 +95,12 @@ def native_runs(runs: int, default: bool) -> list[drill.Timeline]:
         batch = runs if default else 1  # the default timeouts take minutes: inject at once
         done = 0
         while done < runs:
+            # At Slurm's defaults the node is declared dead after 5-8 minutes: the
+            # job must outlive that (its tasks live on while only slurmd is dead).
             started = [
-                _job_on_two(cluster, native=True, tag=f"{name}-{done + k}")
+                _job_on_two(
+                    cluster, native=True, tag=f"{name}-{done + k}", steps=6000 if default else 400
+                )
                 for k in range(min(batch, runs - done))
             ]
             recoveries = []
