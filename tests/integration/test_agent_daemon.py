@@ -57,7 +57,7 @@ def setup(tmp_path: Path) -> dict[str, Any]:
     config = tmp_path / "agent.toml"
     config.write_text(f"""
 node_name = "node1"
-cache_path = "{tmp_path / 'run' / 'health.json'}"
+cache_path = "{tmp_path / "run" / "health.json"}"
 cycle_s = {CYCLE_S}
 [metrics]
 address = "127.0.0.1"
@@ -77,16 +77,21 @@ enabled = false
 [probes.script]
 enabled = false
 """)
-    return {"config": config, "scenario": scenario, "port": port,
-            "cache": tmp_path / "run" / "health.json"}
+    return {
+        "config": config,
+        "scenario": scenario,
+        "port": port,
+        "cache": tmp_path / "run" / "health.json",
+    }
 
 
 @pytest.fixture()
 def agent(setup: dict[str, Any]) -> Iterator[subprocess.Popen[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hyperpod_agent.agent.cli", "run", "--config",
-         str(setup["config"])],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "hyperpod_agent.agent.cli", "run", "--config", str(setup["config"])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         yield proc
@@ -96,18 +101,26 @@ def agent(setup: dict[str, Any]) -> Iterator[subprocess.Popen[str]]:
         proc.communicate(timeout=10)
 
 
-def test_xid79_drill_metrics_and_clean_sigterm(setup: dict[str, Any],
-                                              agent: subprocess.Popen[str]) -> None:
+def test_xid79_drill_metrics_and_clean_sigterm(
+    setup: dict[str, Any], agent: subprocess.Popen[str]
+) -> None:
     cache = setup["cache"]
     first = wait_for(lambda: read_cache(cache), 30, "the first health cache")
     assert first["node"] == "node1" and first["verdict"] in ("healthy", "degraded")
     wait_for(lambda: (read_cache(cache) or {}).get("verdict") == "healthy", 10, "healthy")
 
-    setup["scenario"].write_text(json.dumps({"generate": 8, "xid_events": [
-        {"gpu": 3, "xid": 79, "message": "GPU has fallen off the bus"}]}))
+    setup["scenario"].write_text(
+        json.dumps(
+            {
+                "generate": 8,
+                "xid_events": [{"gpu": 3, "xid": 79, "message": "GPU has fallen off the bus"}],
+            }
+        )
+    )
     seq_at_edit = read_cache(cache)["seq"]  # type: ignore[index]
     faulty = wait_for(
-        lambda: (c := read_cache(cache)) and c["verdict"] == "faulty" and c, 10, "faulty")
+        lambda: (c := read_cache(cache)) and c["verdict"] == "faulty" and c, 10, "faulty"
+    )
     assert faulty["seq"] <= seq_at_edit + 2, "not within two cycles"
     assert (faulty["action"], faulty["urgent"]) == ("REBOOT", True)
     assert "gpu3 xid79" in faulty["message"]
@@ -120,9 +133,16 @@ def test_xid79_drill_metrics_and_clean_sigterm(setup: dict[str, Any],
     assert "hyperpod_agent_cycles_total" in body
 
     check = subprocess.run(
-        [sys.executable, "-c", "from hyperpod_agent.agent.healthcheck import health_check; "
-         "health_check()", "--config", str(setup["config"])],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-c",
+            "from hyperpod_agent.agent.healthcheck import health_check; health_check()",
+            "--config",
+            str(setup["config"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert check.returncode == 1
     assert "faulty (action REBOOT urgent)" in check.stderr
@@ -134,13 +154,19 @@ def test_xid79_drill_metrics_and_clean_sigterm(setup: dict[str, Any],
     assert "agent stopped" in stderr
 
 
-def test_stale_cache_after_agent_stops(setup: dict[str, Any],
-                                      agent: subprocess.Popen[str]) -> None:
+def test_stale_cache_after_agent_stops(setup: dict[str, Any], agent: subprocess.Popen[str]) -> None:
     wait_for(lambda: read_cache(setup["cache"]), 30, "the first health cache")
     agent.send_signal(signal.SIGTERM)
     assert agent.wait(timeout=15) == 0
-    cmd = [sys.executable, "-c", "from hyperpod_agent.agent.healthcheck import health_check; "
-           "health_check()", "--config", str(setup["config"]), "--stale-after", "0.2"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from hyperpod_agent.agent.healthcheck import health_check; health_check()",
+        "--config",
+        str(setup["config"]),
+        "--stale-after",
+        "0.2",
+    ]
     time.sleep(0.3)
     check = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert check.returncode == 2 and "cache stale" in check.stderr
@@ -151,9 +177,14 @@ def test_invalid_config_refuses_to_start(tmp_path: Path) -> None:
     bad.write_text('[probes.gpu]\nexpected_count = "eight"\n')
     proc = subprocess.run(
         [sys.executable, "-m", "hyperpod_agent.agent.cli", "run", "--config", str(bad)],
-        capture_output=True, text=True, timeout=30, env={**os.environ},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ},
     )
     assert proc.returncode == 3
     lines = proc.stderr.strip().splitlines()
-    assert lines == [f'hyperpod: error: {bad}: probes.gpu.expected_count: '
-                     'Input should be a valid integer, got "eight"']
+    assert lines == [
+        f"hyperpod: error: {bad}: probes.gpu.expected_count: "
+        'Input should be a valid integer, got "eight"'
+    ]

@@ -21,7 +21,6 @@ NOW = datetime.now(UTC)
 ISO = (NOW - timedelta(seconds=42)).isoformat()
 
 
-
 @pytest.fixture(autouse=True)
 def frozen_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     # "42s ago" must not depend on how long the suite took to reach this test.

@@ -22,7 +22,7 @@ def agent_toml(tmp_path: Path) -> Path:
     path = tmp_path / "agent.toml"
     path.write_text(f"""
 node_name = "node1"
-cache_path = "{tmp_path / 'health.json'}"
+cache_path = "{tmp_path / "health.json"}"
 [metrics]
 enabled = false
 [probes.gpu]
@@ -61,7 +61,7 @@ def test_agent_once_faulty_exits_1(agent_toml: Path, tmp_path: Path) -> None:
 
 def test_agent_refuses_invalid_config(tmp_path: Path) -> None:
     bad = tmp_path / "agent.toml"
-    bad.write_text("[probes.gpu]\nexpected_count = \"eight\"\n")
+    bad.write_text('[probes.gpu]\nexpected_count = "eight"\n')
     result = CliRunner().invoke(agent, ["run", "--config", str(bad)])
     assert isinstance(result.exception, ConfigError)
     assert "probes.gpu.expected_count" in str(result.exception)
@@ -84,8 +84,9 @@ def test_probe_run_json(agent_toml: Path) -> None:
 
 
 def test_probe_run_fail_exit_1_and_findings_printed(agent_toml: Path, tmp_path: Path) -> None:
-    (tmp_path / "scenario.json").write_text(json.dumps(
-        {"generate": 8, "xid_events": [{"gpu": 3, "xid": 79}]}))
+    (tmp_path / "scenario.json").write_text(
+        json.dumps({"generate": 8, "xid_events": [{"gpu": 3, "xid": 79}]})
+    )
     result = CliRunner().invoke(probe, ["run", "gpu", "--config", str(agent_toml)])
     assert result.exit_code == 1
     assert "gpu3 xid79 FAIL REBOOT urgent" in result.output
@@ -112,7 +113,8 @@ def test_config_validate_error_names_key(tmp_path: Path) -> None:
     result = CliRunner().invoke(config, ["validate", str(bad)])
     assert isinstance(result.exception, ConfigError)
     assert "verdict.fail_after_runs: Input should be greater than or equal to 1" in str(
-        result.exception)
+        result.exception
+    )
     assert result.exception.exit_code == 3
 
 

@@ -143,13 +143,18 @@ def test_metrics_port_range(tmp_path: Path) -> None:
 def test_probe_context_uses_roots(tmp_path: Path) -> None:
     cfg = load(tmp_path, 'node_name = "n9"\nsysfs_root = "/tmp/sys"\nprocfs_root = "/tmp/proc"\n')
     ctx = cfg.probe_context()
-    assert (ctx.node_name, ctx.sysfs_root, ctx.procfs_root) == ("n9", Path("/tmp/sys"),
-                                                               Path("/tmp/proc"))
+    assert (ctx.node_name, ctx.sysfs_root, ctx.procfs_root) == (
+        "n9",
+        Path("/tmp/sys"),
+        Path("/tmp/proc"),
+    )
 
 
 def test_all_probes_disabled_cycle_defaults_to_five(tmp_path: Path) -> None:
-    text = "".join(f"[probes.{n}]\nenabled = false\n"
-                   for n in ("gpu", "nic", "disk", "cpu", "slurmd", "script"))
+    text = "".join(
+        f"[probes.{n}]\nenabled = false\n"
+        for n in ("gpu", "nic", "disk", "cpu", "slurmd", "script")
+    )
     cfg = load(tmp_path, text)
     assert cfg.enabled_probes() == {} and cfg.effective_cycle_s() == 5.0
 

@@ -155,8 +155,12 @@ def test_pending_fail_with_warn_is_degraded_with_warn_action() -> None:
 
 
 def test_unknown_finding_message_is_shown() -> None:
-    unk = Finding(component="kmsg", code="source_error", status=Status.UNKNOWN,
-                  message="cannot read /dev/kmsg")
+    unk = Finding(
+        component="kmsg",
+        code="source_error",
+        status=Status.UNKNOWN,
+        message="cannot read /dev/kmsg",
+    )
     v = engine().evaluate([res("gpu", Status.UNKNOWN, unk)], now=100)
     assert v.verdict == Verdict.DEGRADED
     assert v.message == "kmsg source_error unknown: cannot read /dev/kmsg"

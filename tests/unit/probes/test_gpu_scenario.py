@@ -29,28 +29,48 @@ def test_generate_gives_healthy_defaults() -> None:
 
 
 def test_gpus_override_generated_by_index_and_can_add() -> None:
-    gpus = scenario_gpus(parse_scenario(json.dumps(
-        {"generate": 2, "gpus": [{"index": 1, "temperature": 77}, {"index": 5}]})))
+    gpus = scenario_gpus(
+        parse_scenario(
+            json.dumps({"generate": 2, "gpus": [{"index": 1, "temperature": 77}, {"index": 5}]})
+        )
+    )
     assert [(g.index, g.temperature_c) for g in gpus] == [(0, 40), (1, 77), (5, 40)]
 
 
 def test_not_supported_group_and_field() -> None:
-    [g] = scenario_gpus(parse_scenario(json.dumps({"gpus": [
-        {"index": 0, "ecc": "not_supported", "nvlink": [{"link": 0, "state": "not_supported",
-                                                        "errors": "not_supported"}]}]})))
+    [g] = scenario_gpus(
+        parse_scenario(
+            json.dumps(
+                {
+                    "gpus": [
+                        {
+                            "index": 0,
+                            "ecc": "not_supported",
+                            "nvlink": [
+                                {"link": 0, "state": "not_supported", "errors": "not_supported"}
+                            ],
+                        }
+                    ]
+                }
+            )
+        )
+    )
     assert g.ecc_volatile_uncorrected is None and g.ecc_aggregate_uncorrected is None
     assert (g.nvlinks[0].up, g.nvlinks[0].errors) == (None, None)
 
 
-@pytest.mark.parametrize(("text", "where"), [
-    ('{"gpus": [{"index": 0, "ecc": {"volatile": "two"}}]}', "gpus.0.ecc"),
-    ('{"gpus": [{"index": 0, "lost": 1}]}', "gpus.0.lost"),
-    ('{"gpus": [{"index": 0, "throttle_reasons": ["too_hot"]}]}', "gpus.0.throttle_reasons"),
-    ('{"xid_events": [{"gpu": 1}]}', "xid_events.0.xid"),
-    ('{"generate": 65}', "generate"),
-    ('{"gpu": []}', "gpu"),
-    ("[]", "(top level)"),
-])
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('{"gpus": [{"index": 0, "ecc": {"volatile": "two"}}]}', "gpus.0.ecc"),
+        ('{"gpus": [{"index": 0, "lost": 1}]}', "gpus.0.lost"),
+        ('{"gpus": [{"index": 0, "throttle_reasons": ["too_hot"]}]}', "gpus.0.throttle_reasons"),
+        ('{"xid_events": [{"gpu": 1}]}', "xid_events.0.xid"),
+        ('{"generate": 65}', "generate"),
+        ('{"gpu": []}', "gpu"),
+        ("[]", "(top level)"),
+    ],
+)
 def test_errors_name_the_key(text: str, where: str) -> None:
     with pytest.raises(ValueError) as info:
         parse_scenario(text)
@@ -63,8 +83,13 @@ def test_events_delivered_once_and_new_ones_after_edit(tmp_path: Path) -> None:
     backend = FakeBackend(path)
     assert [(e.gpu, e.xid) for e in backend.sample().events] == [(1, 13)]
     assert backend.sample().events == []
-    write(path, {"generate": 4, "xid_events": [{"gpu": 1, "xid": 13, "id": "a"},
-                                               {"gpu": 2, "xid": 79, "id": "b"}]})
+    write(
+        path,
+        {
+            "generate": 4,
+            "xid_events": [{"gpu": 1, "xid": 13, "id": "a"}, {"gpu": 2, "xid": 79, "id": "b"}],
+        },
+    )
     assert [(e.gpu, e.xid) for e in backend.sample().events] == [(2, 79)]
 
 

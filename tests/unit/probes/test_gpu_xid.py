@@ -165,9 +165,12 @@ def test_parse_never_raises(line: str) -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.integers(min_value=0, max_value=0xFFFF), st.integers(min_value=0, max_value=255),
-       st.integers(min_value=0, max_value=31), st.integers(min_value=0, max_value=999))
+@given(
+    st.integers(min_value=0, max_value=0xFFFF),
+    st.integers(min_value=0, max_value=255),
+    st.integers(min_value=0, max_value=31),
+    st.integers(min_value=0, max_value=999),
+)
 def test_parse_round_trip(domain: int, bus: int, dev: int, xid: int) -> None:
     line = f"NVRM: Xid (PCI:{domain:04x}:{bus:02X}:{dev:02x}): {xid}, pid=7, text"
-    assert parse_kmsg_line(line) == KmsgXid(f"{domain:04x}:{bus:02x}:{dev:02x}", xid,
-                                            "pid=7, text")
+    assert parse_kmsg_line(line) == KmsgXid(f"{domain:04x}:{bus:02x}:{dev:02x}", xid, "pid=7, text")
