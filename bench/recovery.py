@@ -47,7 +47,7 @@ def _job_on_two(
         step_time=0.25,
         ckpt_every=5,
         auto_resume=None if native else 1,
-        extra=("--requeue",) if native else (),
+        extra=("--requeue", "--exclusive") if native else (),
         env=env,
     )
     drill.wait_for(
