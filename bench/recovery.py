@@ -84,7 +84,8 @@ def native_runs(runs: int, default: bool) -> list[drill.Timeline]:
         if default
         else dict(slurmd_timeout=6, message_timeout=3, cred_expire=5)
     )
-    nodes = 2 * runs + 2 if default else 4
+    # Room for every requeued job beside the dead nodes, as hyperpod has its spare.
+    nodes = 3 * runs + 2 if default else 4
     name = "native-default" if default else "native-tuned"
     cluster = LocalCluster(
         BASE / name, nodes=nodes, spares=0, port_base=22517 if default else 23517, **timing
