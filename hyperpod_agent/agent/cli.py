@@ -8,8 +8,6 @@ from pathlib import Path
 
 import click
 
-from hyperpod_agent.errors import HyperpodError
-
 
 def _setup_logging(level: str) -> None:
     # journald adds its own timestamps; keep lines short.
@@ -74,19 +72,10 @@ def run(config_path: Path | None, once: bool, log_level: str) -> None:
 
 
 def main() -> None:
-    """``python -m hyperpod_agent.agent.cli``: the agent without the ``hyperpod`` group."""
-    try:
-        agent.main(standalone_mode=False, prog_name="hyperpod agent")
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        sys.exit(1)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except HyperpodError as exc:
-        click.echo(f"hyperpod: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    """``python -m hyperpod_agent.agent.cli``: the same as ``hyperpod agent``."""
+    from hyperpod_agent.cli import _run
+
+    _run(["agent", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

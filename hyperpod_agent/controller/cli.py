@@ -139,15 +139,10 @@ def run(config_path: Path | None) -> None:
 
 
 def main() -> None:
-    """``python -m hyperpod_agent.controller.cli``: errors as one line, like ``hyperpod``."""
-    try:
-        controller.main(prog_name="hyperpod controller", standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except HyperpodError as exc:
-        click.echo(f"hyperpod: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
+    """``python -m hyperpod_agent.controller.cli``: the same as ``hyperpod controller``."""
+    from hyperpod_agent.cli import _run
+
+    _run(["controller", *sys.argv[1:]])
 
 
 if __name__ == "__main__":

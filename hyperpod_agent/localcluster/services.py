@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from hyperpod_agent.errors import LocalClusterError
 from hyperpod_agent.localcluster import procs
+from hyperpod_agent.localcluster.namespaces import is_mount
 
 if TYPE_CHECKING:
     from hyperpod_agent.localcluster.cluster import LocalCluster
@@ -57,12 +58,6 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and res.returncode != 0:
         raise LocalClusterError(f"ip {' '.join(args)}: {res.stderr.strip()}")
     return res
-
-
-def _mounted(path: Path) -> bool:
-    target = str(path)
-    with open("/proc/self/mounts") as f:
-        return any(line.split()[1] == target for line in f)
 
 
 class Services:
@@ -195,7 +190,7 @@ class Services:
         sysfs view is mounted at DIR/sys/<node> for the node's agent."""
         scratch = self.scratch(node)
         scratch.mkdir(parents=True, exist_ok=True)
-        if not _mounted(scratch):
+        if not is_mount(scratch):
             subprocess.run(
                 ["mount", "-t", "tmpfs", "-o", "size=16m", "hyperpod-scratch", str(scratch)],
                 check=True,
@@ -210,7 +205,7 @@ class Services:
             _ip("-n", ns, "link", "set", link, "up")
         sysdir = self.dir / "sys" / node
         sysdir.mkdir(parents=True, exist_ok=True)
-        if not _mounted(sysdir):
+        if not is_mount(sysdir):
             # sysfs shows the network namespace of whoever mounts it.
             # `ip netns exec` switches to a private mount namespace; nsenter takes
             # the mount back to ours so the agent sees it.
@@ -235,7 +230,7 @@ class Services:
 
     def remove_node_hardware(self, node: str) -> None:
         for path in (self.dir / "sys" / node, self.scratch(node)):
-            if _mounted(path):
+            if is_mount(path):
                 subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=10)
         _ip("netns", "delete", self.netns(node), check=False)
 
@@ -325,7 +320,7 @@ class Services:
         self.scenario(node).write_text(json.dumps(HEALTHY_GPUS) + "\n")
         self.make_node_hardware(node)
         self.set_link(node, True)
-        if _mounted(self.scratch(node)):
+        if is_mount(self.scratch(node)):
             subprocess.run(
                 ["mount", "-o", "remount,rw", str(self.scratch(node))],
                 capture_output=True,
