@@ -24,6 +24,7 @@ import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -32,8 +33,17 @@ from hyperpod_agent.checkpoint.errors import CheckpointStorageError, CorruptShar
 
 log = logging.getLogger(__name__)
 
+_crc_impl: ModuleType = zlib
+try:
+    # Same CRC-32 as zlib, vectorised (PCLMUL/VPCLMUL): 28 GB/s against zlib's 3.6 GB/s on
+    # our benchmark machine, so verifying a restore costs milliseconds per GiB, not a
+    # quarter second. Optional: without it the values are identical, only slower.
+    from zlib_ng import zlib_ng as _crc_impl
+except ImportError:  # pragma: no cover - depends on the installation
+    pass
+
 FORMAT = 1
-CHECKSUM = "crc32"  # zlib CRC-32: ~3.7 GB/s here vs ~1.6 GB/s for SHA-256 (bench/checkpoint.py)
+CHECKSUM = "crc32"  # the zlib CRC-32; zlib-ng computes the same value ~8x faster (see below)
 STEP_META = "step.json"
 _STEP_RE = re.compile(r"^step-(\d{10})$")
 _SHARD_RE = re.compile(r"^rank-(\d{5})\.(bin|json)$")
@@ -61,9 +71,14 @@ def valid_shard_name(name: str) -> bool:
 
 
 def checksum(data: np.ndarray | memoryview | bytes) -> int:
-    """CRC-32 of a buffer (zlib releases the GIL, so this overlaps with training)."""
+    """CRC-32 of a buffer (both implementations release the GIL while they run)."""
     raw = data.data if isinstance(data, np.ndarray) else data
-    return zlib.crc32(raw) & 0xFFFFFFFF
+    return int(_crc_impl.crc32(raw)) & 0xFFFFFFFF
+
+
+def checksum_backend() -> str:
+    """Which CRC-32 implementation is in use (for benchmarks and diagnostics)."""
+    return "zlib-ng" if _crc_impl is not zlib else "zlib"
 
 
 def ensure_dir(path: Path, what: str) -> Path:
@@ -245,17 +260,17 @@ def remove_step(root: Path, step: int, ranks: Iterable[int] | None = None) -> No
         pass
 
 
-def prune(
+def prunable(
     root: Path,
     keep: int,
     ranks: Iterable[int] | None = None,
     world_size: int | None = None,
     committed: bool = False,
 ) -> list[int]:
-    """Keep the newest ``keep`` complete steps; delete every step older than the oldest kept.
+    """Steps that retention removes: every step older than the ``keep``-th newest complete one.
 
-    Steps newer than that are never touched: another rank may still be writing them. With
-    ``ranks`` only those ranks' files are removed (a node prunes only what it wrote).
+    Steps newer than that are never listed: another rank may still be writing them. With
+    ``ranks``, a step counts as complete once those ranks' files are there.
     """
     steps = scan(root)
     mine = set(ranks) if ranks is not None else None
@@ -271,7 +286,20 @@ def prune(
     if keep < 1 or len(complete) <= keep:
         return []
     oldest_kept = complete[keep - 1]
-    removed = [s for s in sorted(steps) if s < oldest_kept]
+    return [s for s in sorted(steps) if s < oldest_kept]
+
+
+def prune(
+    root: Path,
+    keep: int,
+    ranks: Iterable[int] | None = None,
+    world_size: int | None = None,
+    committed: bool = False,
+) -> list[int]:
+    """Apply retention (see :func:`prunable`); with ``ranks`` only their files are removed
+    (a node prunes only what it wrote). Return the steps removed."""
+    mine = list(ranks) if ranks is not None else None
+    removed = prunable(root, keep, mine, world_size, committed)
     for s in removed:
         remove_step(root, s, mine)
         log.debug("pruned step %d under %s", s, root)
