@@ -7,7 +7,7 @@ restored = ckpt.load_latest()
 ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict()})
 """
 
-from hyperpod_agent.checkpoint.checkpointer import Checkpointer, SaveHandle
+from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 from hyperpod_agent.checkpoint.errors import (
     CheckpointConfigError,
     CheckpointError,
@@ -17,6 +17,7 @@ from hyperpod_agent.checkpoint.errors import (
     TemplateMismatchError,
     UnsupportedStateError,
 )
+from hyperpod_agent.checkpoint.handle import SaveHandle
 from hyperpod_agent.checkpoint.replica import ReplicaServer
 from hyperpod_agent.checkpoint.restore import RestoreInfo
 

@@ -8,56 +8,30 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import layout, loader, metrics, restore
+from hyperpod_agent.checkpoint import _threads, layout, loader, metrics, restore
+from hyperpod_agent.checkpoint._threads import lower_priority
 from hyperpod_agent.checkpoint.balance import assign_owners
 from hyperpod_agent.checkpoint.errors import (
     CheckpointConfigError,
     CheckpointError,
+    CheckpointStorageError,
 )
+from hyperpod_agent.checkpoint.handle import SaveHandle, spare_cpus
 from hyperpod_agent.checkpoint.replica import ReplicaClient, ReplicaServer
-from hyperpod_agent.checkpoint.state import ALIGN, Leaf, flatten
+from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
+from hyperpod_agent.checkpoint.state import ALIGN, Leaf, copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
 
 log = logging.getLogger(__name__)
 
 Peers = Mapping[str, tuple[str, int]]
-
-
-class SaveHandle:
-    """A save in flight: staged in memory, durable writes still running."""
-
-    def __init__(self, step: int, future: Future[dict[str, str]], times: dict[str, float]):
-        self.step = step
-        self._future = future
-        self._times = times
-
-    @property
-    def seconds(self) -> dict[str, float]:
-        """Seconds from the save call until each finished tier was durable."""
-        return {k: v for k, v in self._times.items() if k != "start"}
-
-    def done(self) -> bool:
-        """True once every tier of this save has finished (well or not)."""
-        return self._future.done()
-
-    def wait(self, timeout: float | None = None) -> dict[str, str]:
-        """Block until durable; return tier -> "ok". Raise CheckpointError if a tier failed."""
-        tiers = self._future.result(timeout)
-        failed = {t: s for t, s in tiers.items() if s != "ok"}
-        if failed:
-            raise CheckpointError(
-                f"step {self.step}: "
-                + "; ".join(f"{t} tier failed: {s}" for t, s in failed.items())
-            )
-        return tiers
 
 
 class Checkpointer:
@@ -81,6 +55,8 @@ class Checkpointer:
         replica_group: Sequence[int] | None = None,
         commit_timeout: float = 300.0,
         peer_timeout: float = 30.0,
+        peer_streams: int = 4,
+        overlap: bool | None = None,
         job_id: str = "local",
     ):
         if not 0 <= rank < world_size:
@@ -89,6 +65,7 @@ class Checkpointer:
             ("persistent_every", persistent_every),
             ("keep_memory", keep_memory),
             ("keep_persistent", keep_persistent),
+            ("peer_streams", peer_streams),
         ):
             if value < 1:
                 raise CheckpointConfigError(f"{name} must be at least 1, got {value}")
@@ -102,6 +79,12 @@ class Checkpointer:
         group = list(replica_group) if replica_group is not None else list(range(world_size))
         self.replica_group = group if rank in group else [rank]
         self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
+        self.peer_streams = peer_streams
+        # Writing the persistent tier while later leaves are still being staged shortens the
+        # time to durable by the staging copy, but the writer then competes with the training
+        # thread for CPU and memory bandwidth: on 2 cores it made the blocked time 1.5-3x
+        # longer (bench/checkpoint.py). So by default only with CPUs to spare.
+        self.overlap = spare_cpus() if overlap is None else overlap
         self.peers: dict[str, tuple[str, int]] = dict(peers or {})
         if self.peers and node not in self.peers:
             raise CheckpointConfigError(
@@ -112,8 +95,8 @@ class Checkpointer:
             host, port = self.peers[node]
             self.server = ReplicaServer(self.memory_dir, host, port).start()
         self._replica = self._successor_client()
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
-        self._staging = np.empty(0, dtype=np.uint8)
+        self._workers = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
+        self._pool = StagingPool(self.memory_dir, rank)
         self._last: SaveHandle | None = None
         self._saves = 0
         self._lock = threading.Lock()
@@ -156,20 +139,30 @@ class Checkpointer:
         skeleton, leaves = flatten(state)
         with self._lock:
             if self._last is not None:
-                self._last._future.exception()  # back-pressure: the staging buffer is reused
+                # Back-pressure: one save in flight at a time, so the staging memory is bounded.
+                self._last._future.exception()
             size = plan_layout(leaves)
-            if self._staging.size < size:
-                self._staging = np.empty(size, dtype=np.uint8)
-            from hyperpod_agent.checkpoint.state import copy_leaf
-
-            for leaf in leaves:
-                copy_leaf(leaf, self._staging)
-                leaf.value = None  # the staged copy is all we keep
+            slot = self._pool.acquire(size)
+            staging = slot.array[:size]
             index = self._saves
             self._saves += 1
             times = {"start": t0}
-            fut = self._pool.submit(self._durable, step, index, skeleton, leaves, size, times)
+            progress = Progress()
+            # The writers start now and follow the copy below leaf by leaf.
+            fut = self._workers.submit(
+                self._durable, step, index, skeleton, leaves, size, times, slot, progress
+            )
             self._last = SaveHandle(step, fut, times)
+            try:
+                for leaf in leaves:
+                    copy_leaf(leaf, staging)
+                    leaf.value = None  # the staged copy is all we keep
+                    progress.advance(leaf.offset + leaf.nbytes)
+            except BaseException as exc:
+                progress.fail(exc)  # nothing of this save is published anywhere
+                fut.exception()
+                raise
+            progress.finish(size)
         metrics.SAVE_BLOCKED.observe(time.perf_counter() - t0)
         return self._last
 
@@ -182,7 +175,8 @@ class Checkpointer:
 
     def close(self) -> None:
         """Finish pending saves and stop the replica server if this object hosts one."""
-        self._pool.shutdown(wait=True)
+        self._workers.shutdown(wait=True)
+        self._pool.close()
         if self._replica is not None:
             self._replica.close()
         if self.server is not None:
@@ -212,23 +206,34 @@ class Checkpointer:
         leaves: list[Leaf],
         size: int,
         times: dict[str, float],
+        slot: Slot,
+        progress: Progress,
     ) -> dict[str, str]:
-        buf = self._staging
-        entries = []
-        for leaf in leaves:
-            crc = layout.checksum(buf[leaf.offset : leaf.offset + leaf.nbytes])
-            entries.append({**leaf.describe(), "offset": leaf.offset, "crc32": crc})
-        full = self._meta(step, skeleton, entries, size)
+        lower_priority(_threads.DISK)
+        buf = slot.array[:size]
+        metas: Future[list[dict[str, Any]]] = Future()
         tiers: dict[str, str] = {}
         jobs: list[tuple[str, Any]] = []
         if self._replica is not None:
-            jobs.append(("peer", lambda: self._write_peer(step, buf[:size], full)))
+            jobs.append(
+                (
+                    "peer",
+                    lambda: self._write_peer(step, buf, skeleton, size, metas, times, progress),
+                )
+            )
         if index % self.persistent_every == 0:
             jobs.append(
-                ("persistent", lambda: self._write_persistent(step, skeleton, entries, buf))
+                (
+                    "persistent",
+                    lambda: self._write_persistent(
+                        step, skeleton, leaves, buf, metas, times, progress
+                    ),
+                )
             )
-        # Slower tiers run beside the memory tier: network, disk and memory are different
-        # bottlenecks, and sendall, write, fsync and crc32 all release the GIL.
+        # The data files need no checksums, so every tier starts writing as soon as its bytes
+        # are staged and takes the checksums (computed here meanwhile) for the metadata it
+        # writes last. Network, disk and memory are different bottlenecks, and copies,
+        # sendall, write, fsync and crc32 all release the GIL.
         threads = [
             threading.Thread(
                 target=self._tier,
@@ -240,9 +245,29 @@ class Checkpointer:
         ]
         for t in threads:
             t.start()
-        self._tier(tiers, "memory", lambda: self._write_memory(step, buf[:size], full), times)
+        try:
+            if not self.overlap:
+                progress.wait(size)  # on a small host, checksumming alongside slows the copy
+            entries = []
+            for leaf in leaves:
+                progress.wait(leaf.offset + leaf.nbytes)
+                crc = layout.checksum(buf[leaf.offset : leaf.offset + leaf.nbytes])
+                entries.append({**leaf.describe(), "offset": leaf.offset, "crc32": crc})
+        except BaseException as exc:
+            metas.set_exception(exc)  # the tier threads waiting for it fail instead of hanging
+            for t in threads:
+                t.join()
+            self._pool.forget(slot)
+            if isinstance(exc, StagingAborted):
+                return {name: str(exc) for name in ("memory", *tiers)}
+            raise  # pragma: no cover - crc32 of a mapped buffer
+        metas.set_result(entries)
+        meta = self._meta(step, skeleton, entries, size)
+        self._tier(tiers, "memory", lambda: self._write_memory(step, slot, meta, times), times)
         for t in threads:
             t.join()
+        if slot.mapped:
+            self._pool.prepare(size)
         return tiers
 
     def _tier(self, tiers: dict[str, str], name: str, fn: Any, times: dict[str, float]) -> None:
@@ -259,61 +284,103 @@ class Checkpointer:
             )
             metrics.TIER_FAILURES.labels(name).inc()
             tiers[name] = str(exc) or type(exc).__name__
-        times[name] = time.perf_counter() - times["start"]
+        # A tier that reached its durable point stamped it already (retention runs after).
+        times.setdefault(name, time.perf_counter() - times["start"])
 
-    def _write_memory(self, step: int, data: np.ndarray, meta: dict[str, Any]) -> None:
+    def _write_memory(
+        self, step: int, slot: Slot, meta: dict[str, Any], times: dict[str, float]
+    ) -> None:
+        if not slot.mapped:
+            raise CheckpointStorageError(slot.error or "memory tier unavailable")
         d = layout.step_dir(self.memory_dir, step)
-        layout.atomic_write(d / layout.data_name(self.rank), [data.data])
+        d.mkdir(parents=True, exist_ok=True)
+        # A stale metadata file of an earlier attempt at this step must not vouch for the
+        # new data while it is being renamed in.
+        (d / layout.meta_name(self.rank)).unlink(missing_ok=True)
+        try:
+            self._pool.publish(slot, step, d / layout.data_name(self.rank))
+        except OSError:
+            self._pool.forget(slot)
+            raise
         layout.write_json(d / layout.meta_name(self.rank), meta)
-        metrics.BYTES_WRITTEN.labels("memory").inc(data.nbytes)
-        layout.prune(self.memory_dir, self.keep_memory, [self.rank])
+        times["memory"] = time.perf_counter() - times["start"]
+        metrics.BYTES_WRITTEN.labels("memory").inc(meta["data_size"])
+        for old in layout.prunable(self.memory_dir, self.keep_memory, [self.rank]):
+            d_old = layout.step_dir(self.memory_dir, old)
+            (d_old / layout.meta_name(self.rank)).unlink(missing_ok=True)
+            self._pool.retire(old)
+            layout.remove_step(self.memory_dir, old, [self.rank])
 
-    def _write_peer(self, step: int, data: np.ndarray, meta: dict[str, Any]) -> None:
-        import json
-
+    def _write_peer(
+        self,
+        step: int,
+        data: np.ndarray,
+        skeleton: Any,
+        size: int,
+        metas: Future[list[dict[str, Any]]],
+        times: dict[str, float],
+        progress: Progress,
+    ) -> None:
         assert self._replica is not None
+        lower_priority(_threads.NETWORK)
+        progress.wait(size)  # the network is not the bottleneck of durability: send whole
         self._replica.put(step, layout.data_name(self.rank), data)
+        meta = self._meta(step, skeleton, metas.result(), size)
         self._replica.put(
             step, layout.meta_name(self.rank), json.dumps(meta, separators=(",", ":")).encode()
         )
+        times["peer"] = time.perf_counter() - times["start"]
         metrics.BYTES_WRITTEN.labels("peer").inc(data.nbytes)
         self._replica.prune([self.rank], self.keep_memory)
 
     def _write_persistent(
-        self, step: int, skeleton: Any, entries: list[dict[str, Any]], buf: np.ndarray
+        self,
+        step: int,
+        skeleton: Any,
+        leaves: list[Leaf],
+        buf: np.ndarray,
+        metas: Future[list[dict[str, Any]]],
+        times: dict[str, float],
+        progress: Progress,
     ) -> None:
-        owners = assign_owners(
-            [
-                Leaf(e["path"], e["kind"], e["dtype"], tuple(e["shape"]), e["nbytes"])
-                for e in entries
-            ],
-            self.replicated,
-            self.replica_group,
-        )
-        chunks: list[memoryview] = []
-        stored: list[dict[str, Any]] = []
+        owners = assign_owners(leaves, self.replicated, self.replica_group)
+        mine: list[Leaf] = []
+        placed: list[int | None] = []  # offset in this rank's file, None if another rank's
         pos = 0
-        for e in entries:
-            owner = owners.get(e["path"], self.rank)
-            if owner != self.rank:
-                stored.append(
-                    {k: e[k] for k in ("path", "kind", "dtype", "shape", "nbytes")}
-                    | {"owner": owner}
-                )
+        for leaf in leaves:
+            if owners.get(leaf.path, self.rank) != self.rank:
+                placed.append(None)
                 continue
-            pad = -pos % ALIGN
-            if pad:
-                chunks.append(memoryview(bytes(pad)))
-                pos += pad
-            chunks.append(buf[e["offset"] : e["offset"] + e["nbytes"]].data)
-            stored.append({**e, "offset": pos})
-            pos += e["nbytes"]
+            pos += -pos % ALIGN
+            mine.append(leaf)
+            placed.append(pos)
+            pos += leaf.nbytes
+
+        def chunks() -> Iterator[memoryview]:
+            if not self.overlap:
+                progress.wait(len(buf))
+            at = 0
+            for leaf, where in zip(mine, (p for p in placed if p is not None), strict=True):
+                if where > at:
+                    yield memoryview(bytes(where - at))
+                progress.wait(leaf.offset + leaf.nbytes)  # written as soon as it is staged
+                yield buf[leaf.offset : leaf.offset + leaf.nbytes].data
+                at = where + leaf.nbytes
+
         d = layout.step_dir(self.persistent_dir, step)
-        layout.atomic_write(d / layout.data_name(self.rank), chunks)
+        layout.atomic_write(d / layout.data_name(self.rank), chunks())
+        stored: list[dict[str, Any]] = []
+        for leaf, e, at in zip(leaves, metas.result(), placed, strict=True):
+            if at is None:
+                stored.append(leaf.describe() | {"owner": owners[leaf.path]})
+            else:
+                stored.append({**e, "offset": at})
         layout.write_json(d / layout.meta_name(self.rank), self._meta(step, skeleton, stored, pos))
         metrics.BYTES_WRITTEN.labels("persistent").inc(pos)
         if self.rank == 0:
             self._commit(step)
+            times["persistent"] = time.perf_counter() - times["start"]
+            layout.prune(self.persistent_dir, self.keep_persistent, committed=True)
 
     def _commit(self, step: int) -> None:
         """Rank 0 writes the step metadata once every rank's shard is in the persistent tier."""
@@ -340,7 +407,6 @@ class Checkpointer:
                 "created": time.time(),
             },
         )
-        layout.prune(self.persistent_dir, self.keep_persistent, committed=True)
 
     # ---- restore --------------------------------------------------------------------------
 
@@ -357,29 +423,8 @@ class Checkpointer:
         """
         restored = loader.load_latest(self, template, agree)
         if restored is not None and self.rank == 0:
-            self._note_resume(restored[0])
+            loader.note_resume(self.persistent_dir, restored[0])
         return restored
-
-    def _note_resume(self, step: int) -> None:
-        """Tell the controller which step a requeued job resumed from: rank 0 writes
-        ``<persistent>/resume.json`` (contract in docs/auto-resume.md). Best effort: a
-        failure here must never stop training."""
-        restarts = os.environ.get("SLURM_RESTART_COUNT", "")
-        doc: dict[str, Any] = {
-            "step": int(step),
-            "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-        }
-        if restarts.isdigit():
-            doc["restart_count"] = int(restarts)
-        if os.environ.get("SLURM_JOB_ID", "").isdigit():
-            doc["job_id"] = int(os.environ["SLURM_JOB_ID"])
-        path = self.persistent_dir / "resume.json"
-        tmp = path.with_name(f".resume.json.{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(doc) + "\n")
-            os.replace(tmp, path)
-        except OSError as exc:
-            log.warning("could not record the resumed step in %s: %s", path, exc)
 
     def load(self, step: int, template: Any = None) -> Any:
         """Restore one given step; raise CheckpointError if no tier holds it intact."""

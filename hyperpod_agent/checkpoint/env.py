@@ -9,6 +9,7 @@
 | HYPERPOD_CHECKPOINT_PERSISTENT_EVERY | write the persistent tier every M-th save (1) |
 | HYPERPOD_CHECKPOINT_KEEP_MEMORY / _KEEP_PERSISTENT | steps kept per tier (2 / 3) |
 | HYPERPOD_CHECKPOINT_REPLICATED | comma-separated paths identical on every rank |
+| HYPERPOD_CHECKPOINT_PEER_STREAMS | TCP connections a restore from a peer uses (4) |
 
 Rank, world size and local rank come from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or
 SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; the node from SLURMD_NODENAME or the host name.
@@ -77,6 +78,7 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "persistent_every": _int(env, (PREFIX + "PERSISTENT_EVERY",), 1, low=1),
         "keep_memory": _int(env, (PREFIX + "KEEP_MEMORY",), 2, low=1),
         "keep_persistent": _int(env, (PREFIX + "KEEP_PERSISTENT",), 3, low=1),
+        "peer_streams": _int(env, (PREFIX + "PEER_STREAMS",), 4, low=1),
         "replicated": [p for p in env.get(PREFIX + "REPLICATED", "").split(",") if p],
         "job_id": job,
     }

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperpod_agent.checkpoint import _torch, layout, metrics, restore
@@ -27,7 +31,7 @@ def _peer_views(ck: Checkpointer) -> PeerViews:
             host, port, node, timeout=ck.peer_timeout, connect_timeout=min(3.0, ck.peer_timeout)
         )
         try:
-            out.append((restore.PeerSource(node, client), client.steps()))
+            out.append((restore.PeerSource(node, client, ck.peer_streams), client.steps()))
         except ReplicaError as exc:
             log.warning("rank %d: peer %s not consulted: %s", ck.rank, node, exc)
             client.close()
@@ -128,6 +132,28 @@ def load_latest(ck: Checkpointer, template: Any, agree: bool | None) -> tuple[in
         return None
     log.warning("rank %d: restoring step %d, the newest every rank can restore", ck.rank, agreed)
     return agreed, load_step(ck, agreed, template)
+
+
+def note_resume(persistent_dir: Path, step: int) -> None:
+    """Tell the controller which step a requeued job resumed from: rank 0 writes
+    ``<persistent>/resume.json`` (contract in docs/auto-resume.md). Best effort: a
+    failure here must never stop training."""
+    restarts = os.environ.get("SLURM_RESTART_COUNT", "")
+    doc: dict[str, Any] = {
+        "step": int(step),
+        "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    }
+    if restarts.isdigit():
+        doc["restart_count"] = int(restarts)
+    if os.environ.get("SLURM_JOB_ID", "").isdigit():
+        doc["job_id"] = int(os.environ["SLURM_JOB_ID"])
+    path = persistent_dir / "resume.json"
+    tmp = path.with_name(f".resume.json.{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps(doc) + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.warning("could not record the resumed step in %s: %s", path, exc)
 
 
 def _dist_ready() -> bool:

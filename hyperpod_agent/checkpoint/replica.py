@@ -5,6 +5,7 @@ header, then ``size`` bytes of body if the header says so. Replies use the same 
 
     {"op": "put", "step": S, "name": "rank-00003.bin", "size": N}  + N bytes -> {"ok": true}
     {"op": "get", "step": S, "name": "rank-00003.json"}            -> {"ok": true, "size": N} + N
+    {"op": "get", ..., "offset": O, "length": L}       -> {"ok": true, "size": L, "offset": O} + L
     {"op": "list"}                                  -> {"ok": true, "steps": {"S": [ranks]}}
     {"op": "prune", "ranks": [..], "keep": K}       -> {"ok": true, "removed": [S, ..]}
 
@@ -29,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import layout
+from hyperpod_agent.checkpoint import _threads, layout
+from hyperpod_agent.checkpoint._threads import lower_priority
 from hyperpod_agent.checkpoint.errors import ReplicaError
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,8 @@ log = logging.getLogger(__name__)
 MAX_HEADER = 1 << 20
 DEFAULT_MAX_BODY = 64 << 30
 _CHUNK = 8 << 20
+_SMALL = 64 << 10
+_MIN_PART = 16 << 20  # below this per connection, a parallel fetch costs more than it gains
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -72,14 +76,23 @@ def _stream(sock: socket.socket, size: int) -> Iterator[memoryview]:
         yield part
 
 
+def _no_delay(sock: socket.socket) -> None:
+    """Requests and replies are header-then-body writes; with Nagle's algorithm the second
+    write of a small reply waits for the peer's delayed ACK (40 ms per request on Linux)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def send_msg(sock: socket.socket, header: dict[str, Any], body: Any = None) -> None:
     """Send one framed message."""
     raw = json.dumps(header, separators=(",", ":")).encode()
-    sock.sendall(struct.pack(">I", len(raw)) + raw)
-    if body is not None:
-        view = memoryview(body).cast("B")
-        for start in range(0, len(view), _CHUNK):
-            sock.sendall(view[start : start + _CHUNK])
+    frame = struct.pack(">I", len(raw)) + raw
+    view = memoryview(body).cast("B") if body is not None else memoryview(b"")
+    if len(view) <= _SMALL:
+        sock.sendall(frame + view)  # one segment: a small reply is not split in two
+        return
+    sock.sendall(frame)
+    for start in range(0, len(view), _CHUNK):
+        sock.sendall(view[start : start + _CHUNK])
 
 
 def recv_header(sock: socket.socket) -> dict[str, Any] | None:
@@ -104,6 +117,8 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         sock.settimeout(self.server.owner.io_timeout)
+        _no_delay(sock)
+        lower_priority(_threads.NETWORK)  # serving replicas must not slow this node's training
         peer = self.client_address
         while True:
             try:
@@ -122,6 +137,18 @@ class _Handler(socketserver.BaseRequestHandler):
             except (OSError, ConnectionError) as exc:
                 log.debug("replica server: connection from %s ended: %s", peer, exc)
                 return
+
+
+def _range(header: dict[str, Any], total: int, what_file: str) -> tuple[int, int]:
+    """A validated (offset, length) of a ranged get against a file of ``total`` bytes."""
+    offset, length = header.get("offset"), header.get("length")
+    for what, v in (("offset", offset), ("length", length)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise ValueError(f"bad {what} {v!r}")
+    assert isinstance(offset, int) and isinstance(length, int)
+    if offset + length > total:
+        raise ValueError(f"{what_file}: range {offset}+{length} beyond its {total} bytes")
+    return offset, length
 
 
 class ReplicaServer:
@@ -206,11 +233,19 @@ class ReplicaServer:
             path = self._path(header)
             try:
                 with open(path, "rb") as f:
-                    size = f.seek(0, 2)
+                    total = f.seek(0, 2)
                     f.seek(0)
-                    send_msg(sock, {"ok": True, "size": size})
+                    if "offset" in header or "length" in header:
+                        offset, size = _range(
+                            header, total, f"{path.name} of step {header['step']}"
+                        )
+                        reply = {"ok": True, "size": size, "offset": offset, "total": total}
+                        send_msg(sock, reply)
+                    else:
+                        offset, size = 0, total
+                        send_msg(sock, {"ok": True, "size": size})
                     if size:
-                        sock.sendfile(f)
+                        sock.sendfile(f, offset, size)
             except FileNotFoundError:
                 send_msg(
                     sock, {"ok": False, "error": f"{path.name} of step {header['step']}: not here"}
@@ -251,6 +286,7 @@ class ReplicaClient:
         while True:
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
+                _no_delay(sock)
                 self._sock = sock
                 return sock
             except OSError as exc:
@@ -272,6 +308,7 @@ class ReplicaClient:
         self,
         header: dict[str, Any],
         body: Any = None,
+        into: np.ndarray | None = None,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
         with self._lock:
             try:
@@ -285,7 +322,16 @@ class ReplicaClient:
                     raise ReplicaError(f"peer {self.node}: {reply.get('error', 'refused')}")
                 data = None
                 if "size" in reply and header["op"] == "get":
-                    data = np.empty(int(reply["size"]), dtype=np.uint8)
+                    size = int(reply["size"])
+                    if into is not None and (
+                        size != into.size or reply.get("offset") != header.get("offset")
+                    ):
+                        self.close()  # the body is not read: this connection is out of step
+                        raise ReplicaError(
+                            f"peer {self.node}: sent {size} bytes at {reply.get('offset')}, "
+                            f"asked for {into.size} at {header.get('offset')}"
+                        )
+                    data = into if into is not None else np.empty(size, dtype=np.uint8)
                     _recv_into(sock, data.data)
                 return reply, data
             except ReplicaError:
@@ -304,6 +350,61 @@ class ReplicaClient:
         _, data = self._call({"op": "get", "step": step, "name": name})
         assert data is not None
         return data
+
+    def get_range(self, step: int, name: str, offset: int, into: np.ndarray) -> int:
+        """Fetch ``into.size`` bytes at ``offset`` of a shard file straight into ``into``;
+        return the whole file's size."""
+        header = {"op": "get", "step": step, "name": name, "offset": offset, "length": into.size}
+        reply, _ = self._call(header, into=into)
+        return int(reply.get("total", -1))
+
+    def fetch(self, step: int, name: str, size: int, streams: int = 1) -> np.ndarray:
+        """Fetch a whole shard file of known ``size`` over up to ``streams`` connections.
+
+        One TCP stream leaves a fast link (and, on a small host, the second core) idle; the
+        parts land in one buffer, each connection filling its own range.
+        """
+        buf = np.empty(size, dtype=np.uint8)
+        parts = max(1, min(streams, size // _MIN_PART))
+        if parts == 1:
+            self._check_total(step, name, size, self.get_range(step, name, 0, buf))
+            return buf
+        bounds = [size * i // parts // 4096 * 4096 for i in range(parts)] + [size]
+        extra = [
+            ReplicaClient(self.host, self.port, self.node, self.timeout, self.connect_timeout)
+            for _ in range(parts - 1)
+        ]
+        errors: list[BaseException] = []
+
+        def part(client: ReplicaClient, i: int) -> None:
+            try:
+                total = client.get_range(step, name, bounds[i], buf[bounds[i] : bounds[i + 1]])
+                self._check_total(step, name, size, total)
+            except BaseException as exc:  # reported below, after every part has stopped
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=part, args=(c, i + 1), daemon=True) for i, c in enumerate(extra)
+        ]
+        try:
+            for t in threads:
+                t.start()
+            part(self, 0)
+            for t in threads:
+                t.join()
+        finally:
+            for c in extra:
+                c.close()
+        if errors:
+            raise errors[0]
+        return buf
+
+    def _check_total(self, step: int, name: str, size: int, total: int) -> None:
+        if total != size:
+            raise ReplicaError(
+                f"peer {self.node}: {name} of step {step} holds {total} bytes, "
+                f"its metadata says {size}"
+            )
 
     def steps(self) -> dict[int, set[int]]:
         """Steps the peer holds -> ranks with complete shards."""

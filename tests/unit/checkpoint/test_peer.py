@@ -165,3 +165,63 @@ def test_peer_retention_prunes_only_the_pushing_ranks(tmp_path: Path) -> None:
     finally:
         client.close()
         server.stop()
+
+
+def test_parallel_fetch_is_bit_exact_and_checks_the_file_size(tmp_path: Path) -> None:
+    server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port()).start()
+    client = ReplicaClient(*server.address, node="node2")
+    body = np.random.default_rng(7).integers(0, 256, (48 << 20) + 12345, dtype=np.uint8)
+    try:
+        client.put(5, "rank-00001.bin", body)
+        for streams in (1, 2, 3, 8):
+            got = client.fetch(5, "rank-00001.bin", body.size, streams)
+            assert np.array_equal(got, body), f"{streams} streams"
+        with pytest.raises(ReplicaError, match=r"rank-00001.bin of step 5: range .* beyond"):
+            client.fetch(5, "rank-00001.bin", body.size + 1, 2)
+        with pytest.raises(ReplicaError, match=r"holds \d+ bytes, its metadata says \d+"):
+            client.fetch(5, "rank-00001.bin", body.size - 1, 2)
+        # the connection is usable again after a refused request
+        assert client.fetch(5, "rank-00001.bin", body.size, 1).size == body.size
+    finally:
+        client.close()
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        {"offset": -1, "length": 1},
+        {"offset": 0, "length": "all"},
+        {"offset": True, "length": 1},
+        {"length": 1},
+        {"offset": 2, "length": 2},
+    ],
+)
+def test_bad_ranges_are_refused_and_the_server_goes_on(
+    tmp_path: Path, header: dict[str, object]
+) -> None:
+    server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port()).start()
+    client = ReplicaClient(*server.address)
+    try:
+        client.put(1, "rank-00000.bin", b"abc")
+        with pytest.raises(ReplicaError, match=r"bad offset|bad length|beyond its 3 bytes"):
+            client._call({"op": "get", "step": 1, "name": "rank-00000.bin", **header})
+        client.close()
+        assert client.get(1, "rank-00000.bin").tobytes() == b"abc"
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_restore_from_peer_over_several_streams(
+    make_ckpt: Callable[..., Checkpointer], tiers: dict[str, Path]
+) -> None:
+    a, b = _two_nodes(make_ckpt, tiers, peer_streams=3)
+    big = {"w": np.random.default_rng(3).standard_normal(10 << 20).astype(np.float32)}
+    ha, hb = a.save(1, big), b.save(1, big)
+    ha.wait(timeout=60)
+    hb.wait(timeout=60)
+    _wipe(tiers["mem1"])
+    got = a.load_latest(big)
+    assert got is not None and a.last_restore is not None and a.last_restore.tier == "peer"
+    assert_same(got[1], big)

@@ -81,6 +81,7 @@ def test_torchrun_variables_win_and_overrides_apply() -> None:
         (dict(ENV, SLURM_PROCID="9"), r"rank 9 is outside world size 4"),
         (dict(ENV, HYPERPOD_CHECKPOINT_KEEP_MEMORY="0"), r"KEEP_MEMORY='0': must be at least 1"),
         (dict(ENV, HYPERPOD_CHECKPOINT_SERVE="yes"), r"SERVE='yes': expected 0 or 1"),
+        (dict(ENV, HYPERPOD_CHECKPOINT_PEER_STREAMS="0"), r"PEER_STREAMS='0': must be at least 1"),
     ],
 )
 def test_bad_environment_is_one_precise_error(env: dict[str, str], message: str) -> None:

@@ -77,7 +77,7 @@ def test_torch_tensors_round_trip(make_ckpt: Callable[..., Checkpointer]) -> Non
     assert got["bf16"].dtype == torch.bfloat16
 
 
-def test_staging_buffer_is_reused_and_later_mutation_does_not_leak(
+def test_mutation_after_save_returns_does_not_leak_into_the_checkpoint(
     make_ckpt: Callable[..., Checkpointer],
 ) -> None:
     ckpt = make_ckpt()
@@ -88,9 +88,6 @@ def test_staging_buffer_is_reused_and_later_mutation_does_not_leak(
     got = ckpt.load_latest()
     assert got is not None and got[0] == 1
     assert np.array_equal(got[1]["a"], np.arange(1000, dtype=np.float32))
-    staging = ckpt._staging
-    ckpt.save(2, {"a": np.zeros(500, dtype=np.float32)}).wait()
-    assert ckpt._staging is staging
 
 
 def test_save_returns_before_durable_and_handle_reports_tiers(
