@@ -156,3 +156,12 @@ def test_kill_9_mid_save_never_yields_a_torn_step(tiers: dict[str, Path]) -> Non
                 if info.committed or (root == tiers["mem1"] and info.ranks):
                     assert verify_step(root, s).ok, f"{root} step {s} complete but torn"
     assert np.all(state["a"] == step)  # type: ignore[index]
+
+
+def test_checksum_is_zlib_crc32_whichever_implementation_computes_it() -> None:
+    import zlib
+
+    data = np.random.default_rng(5).integers(0, 256, (3 << 20) + 7, dtype=np.uint8)
+    assert layout.checksum(data) == zlib.crc32(data.data) & 0xFFFFFFFF
+    assert layout.checksum(b"") == 0
+    assert layout.checksum_backend() in ("zlib-ng", "zlib")
