@@ -37,8 +37,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--ckpt-every", type=int, default=5)
-    parser.add_argument("--step-time", type=float, default=0.5,
-                        help="seconds per step (stands in for real compute)")
+    parser.add_argument(
+        "--step-time", type=float, default=0.5, help="seconds per step (stands in for real compute)"
+    )
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args()
     rank = int(os.environ.get("SLURM_PROCID", "0"))
@@ -61,7 +62,7 @@ def main() -> int:
         err = x @ w - y
         w = w - args.lr * (x.T @ err) / len(y)
         time.sleep(args.step_time)
-        say(f"step={step} loss={float(np.mean(err ** 2)):.5f}")
+        say(f"step={step} loss={float(np.mean(err**2)):.5f}")
         if step % args.ckpt_every == 0:
             ckpt.save(step, {"w": w, "step": np.int64(step)})
     ckpt.wait()
