@@ -15,6 +15,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hyperpod_agent.agent.cache import DEFAULT_CACHE_PATH
+from hyperpod_agent.agent.janitor import MemoryTierConfig
 from hyperpod_agent.agent.reporter import ReporterConfig
 from hyperpod_agent.agent.verdict import VerdictConfig
 from hyperpod_agent.errors import ConfigError
@@ -75,6 +76,7 @@ class AgentConfig(BaseModel):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     verdict: VerdictConfig = Field(default_factory=VerdictConfig)
     health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
+    memory_tier: MemoryTierConfig = Field(default_factory=MemoryTierConfig)
     probes: ProbesConfig = Field(default_factory=ProbesConfig)
     controller: ReporterConfig = Field(default_factory=ReporterConfig)
 

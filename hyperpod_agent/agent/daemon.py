@@ -19,6 +19,7 @@ from typing import Any
 
 from hyperpod_agent.agent.cache import write_report
 from hyperpod_agent.agent.config import AgentConfig
+from hyperpod_agent.agent.janitor import MemoryTierJanitor, slurm_lookup
 from hyperpod_agent.agent.markers import MarkerReader
 from hyperpod_agent.agent.metrics import AgentMetrics
 from hyperpod_agent.agent.verdict import NodeVerdict, VerdictConfig, VerdictEngine
@@ -96,6 +97,11 @@ class Agent:
             MarkerReader(config.auto_resume_markers, config.node_name)
             if config.auto_resume_markers is not None
             else None
+        )
+        self.janitor = MemoryTierJanitor(
+            config.memory_tier,
+            slurm_lookup(config.slurm_conf),
+            on_removed=lambda _job: self.metrics.memory_tiers_freed.inc(),
         )
 
     def _observe(self, result: Any, ran: bool) -> None:
@@ -189,6 +195,7 @@ class Agent:
             try:
                 self.runner.cycle(max_wait=max(0.0, next_cycle + 0.8 * cycle_s - time.monotonic()))
                 self.finish_cycle()
+                self.janitor.start_if_due()
             except Exception:  # noqa: BLE001 - the agent outlives its own bugs; logged
                 log.exception("cycle failed; continuing")
             sd_notify("WATCHDOG=1" if ready else "READY=1")

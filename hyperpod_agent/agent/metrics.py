@@ -75,6 +75,11 @@ class AgentMetrics:
             "Verdict cycles completed",
             registry=r,
         )
+        self.memory_tiers_freed = Counter(
+            "hyperpod_agent_memory_tiers_freed",
+            "Checkpoint memory tiers of finished jobs removed from this node",
+            registry=r,
+        )
         self._xids = _XidCollector()
         r.register(self._xids)
         self._server: Any = None

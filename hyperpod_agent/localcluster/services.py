@@ -133,6 +133,8 @@ class Services:
             "slurm_conf": str(self.cluster.slurm_conf),
             "sysfs_root": str(self.dir / "sys" / node),
             "auto_resume_markers": str(self.dir / "autoresume"),
+            # TaskProlog puts each node's memory tiers under memory_root/<node>/<job>.
+            "memory_tier": {"root": str(self.cluster.shape.memory_root / node)},
             "cycle_s": 1.0,
             "metrics": {"port": self.metrics_port(node)},
             # A restarted agent waits a little before non-urgent verdicts, as on a

@@ -64,6 +64,8 @@ address = "127.0.0.1"
 port = {port}
 [verdict]
 grace_s = 0
+[memory_tier]
+root = "{tmp_path / "shm"}"
 [health_check]
 stale_after_s = 5
 [probes.gpu]

@@ -44,6 +44,7 @@ def make_config(tmp_path: Path, gpus: int = 8, **extra: Any) -> AgentConfig:
             "metrics": {"enabled": False},
             "verdict": {"grace_s": 0, "fail_after_runs": 2},
             "probes": probes,
+            "memory_tier": {"root": str(tmp_path / "shm")},
             **extra,
         }
     )

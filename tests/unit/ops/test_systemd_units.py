@@ -45,6 +45,8 @@ def _agent() -> Expect:
     writes: tuple[Path, ...] = (cfg.cache_path, cfg.state_dir)
     if cfg.auto_resume_markers is not None:
         writes += (cfg.auto_resume_markers,)
+    if cfg.memory_tier.cleanup:
+        writes += (cfg.memory_tier.root / "12345",)  # a finished job's memory tier
     return Expect(
         "hyperpod-agent", "slurmd.service", DEFAULT_CONFIG_PATH, cfg.effective_cycle_s(), writes
     )
@@ -299,11 +301,14 @@ def writable_roots(unit: Unit) -> list[Path]:
 def test_default_paths_are_writable(name: str) -> None:
     unit, expect = load(name), EXPECT[name]()
     roots = writable_roots(unit)
-    # strict: all of / is read-only but the listed roots; full: only /usr, /boot, /etc.
+    # strict: all of / is read-only but the listed roots and the API filesystems (/dev,
+    # /proc, /sys, per systemd.exec); full: only /usr, /boot, /etc.
     strict = one(unit, "Service", "ProtectSystem") == "strict"
     readonly = [Path("/")] if strict else [Path("/usr"), Path("/boot"), Path("/etc")]
+    api = [Path("/dev"), Path("/proc"), Path("/sys")] if strict else []
     for path in expect.writes:
         blocked = any(path.is_relative_to(r) for r in readonly)
+        blocked = blocked and not any(path.is_relative_to(a) for a in api)
         assert not blocked or any(path.is_relative_to(r) for r in roots), (
             f"{path} is read-only; writable: {roots}"
         )
