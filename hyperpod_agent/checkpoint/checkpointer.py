@@ -57,6 +57,7 @@ class Checkpointer:
         peer_timeout: float = 30.0,
         peer_streams: int = 4,
         overlap: bool | None = None,
+        token: str | None = None,
         job_id: str = "local",
     ):
         if not 0 <= rank < world_size:
@@ -80,6 +81,7 @@ class Checkpointer:
         self.replica_group = group if rank in group else [rank]
         self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
         self.peer_streams = peer_streams
+        self.token = token or None  # shared by the job's ranks; required by our servers
         # Writing the persistent tier while later leaves are still being staged shortens the
         # time to durable by the staging copy, but the writer then competes with the training
         # thread for CPU and memory bandwidth: on 2 cores it made the blocked time 1.5-3x
@@ -93,7 +95,7 @@ class Checkpointer:
         self.server: ReplicaServer | None = None
         if serve and node in self.peers:
             host, port = self.peers[node]
-            self.server = ReplicaServer(self.memory_dir, host, port).start()
+            self.server = ReplicaServer(self.memory_dir, host, port, token=self.token).start()
         self._replica = self._successor_client()
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
         self._pool = StagingPool(self.memory_dir, rank)
@@ -123,7 +125,7 @@ class Checkpointer:
         if nxt is None:
             return None
         host, port = self.peers[nxt]
-        return ReplicaClient(host, port, nxt, timeout=self.peer_timeout)
+        return ReplicaClient(host, port, nxt, timeout=self.peer_timeout, token=self.token)
 
     # ---- save -----------------------------------------------------------------------------
 

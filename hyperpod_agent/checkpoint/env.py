@@ -10,6 +10,7 @@
 | HYPERPOD_CHECKPOINT_KEEP_MEMORY / _KEEP_PERSISTENT | steps kept per tier (2 / 3) |
 | HYPERPOD_CHECKPOINT_REPLICATED | comma-separated paths identical on every rank |
 | HYPERPOD_CHECKPOINT_PEER_STREAMS | TCP connections a restore from a peer uses (4) |
+| HYPERPOD_CHECKPOINT_TOKEN | shared secret the job's replica servers require (unset: none) |
 
 Rank, world size and local rank come from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or
 SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; the node from SLURMD_NODENAME or the host name.
@@ -79,6 +80,7 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "keep_memory": _int(env, (PREFIX + "KEEP_MEMORY",), 2, low=1),
         "keep_persistent": _int(env, (PREFIX + "KEEP_PERSISTENT",), 3, low=1),
         "peer_streams": _int(env, (PREFIX + "PEER_STREAMS",), 4, low=1),
+        "token": env.get(PREFIX + "TOKEN") or None,
         "replicated": [p for p in env.get(PREFIX + "REPLICATED", "").split(",") if p],
         "job_id": job,
     }

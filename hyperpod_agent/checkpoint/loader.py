@@ -28,7 +28,12 @@ def _peer_views(ck: Checkpointer) -> PeerViews:
             continue  # our own server serves the memory directory we read directly
         host, port = ck.peers[node]
         client = ReplicaClient(
-            host, port, node, timeout=ck.peer_timeout, connect_timeout=min(3.0, ck.peer_timeout)
+            host,
+            port,
+            node,
+            timeout=ck.peer_timeout,
+            connect_timeout=min(3.0, ck.peer_timeout),
+            token=ck.token,
         )
         try:
             out.append((restore.PeerSource(node, client, ck.peer_streams), client.steps()))

@@ -11,12 +11,14 @@ header, then ``size`` bytes of body if the header says so. Replies use the same 
 
 The server stores files with the same crash-safe layout as the memory tier (it serves that
 directory), checks every name against the shard pattern and every size against a limit, and
-answers a bad request with an error instead of failing. Integrity is end to end: the rank
+answers a bad request with an error instead of failing. With a token, every header must
+carry it (``"token": T``) or the request is refused. Integrity is end to end: the rank
 metadata carries the checksums, verified by the reader.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import socket
@@ -125,6 +127,10 @@ class _Handler(socketserver.BaseRequestHandler):
                 header = recv_header(sock)
                 if header is None:
                     return
+                if not self.server.owner.authorized(header):
+                    log.warning("replica server: refused %s: missing or wrong token", peer)
+                    send_msg(sock, {"ok": False, "error": "unauthorized: missing or wrong token"})
+                    return
                 self.server.owner.dispatch(sock, header)
             except (ValueError, KeyError, TypeError) as exc:
                 # A bad request is answered and the connection closed; the server goes on.
@@ -166,8 +172,10 @@ class ReplicaServer:
         port: int = 0,
         max_body: int = DEFAULT_MAX_BODY,
         io_timeout: float = 60.0,
+        token: str | None = None,
     ):
         self.root = layout.ensure_dir(Path(root), "replica directory")
+        self.token = token or None
         self.max_body = max_body
         self.io_timeout = io_timeout
         try:
@@ -210,6 +218,15 @@ class ReplicaServer:
         self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def authorized(self, header: dict[str, Any]) -> bool:
+        """Without a token every request is served; with one, only requests carrying it."""
+        if self.token is None:
+            return True
+        given = header.get("token")
+        return isinstance(given, str) and hmac.compare_digest(
+            given.encode(errors="replace"), self.token.encode()
+        )
 
     def _path(self, header: dict[str, Any]) -> Path:
         step, name = header["step"], header["name"]
@@ -262,6 +279,18 @@ class ReplicaServer:
             raise ValueError(f"unknown op {op!r}")
 
 
+def _pending_refusal(sock: socket.socket) -> str | None:
+    """An error reply already waiting on ``sock``, if any (read without blocking long)."""
+    try:
+        sock.settimeout(1.0)
+        reply = recv_header(sock)
+    except (OSError, ValueError):
+        return None
+    if reply is None or reply.get("ok"):
+        return None
+    return str(reply.get("error", "refused"))
+
+
 class ReplicaClient:
     """Talk to one peer's replica server; one connection, reopened on failure."""
 
@@ -272,8 +301,10 @@ class ReplicaClient:
         node: str = "",
         timeout: float = 30.0,
         connect_timeout: float = 10.0,
+        token: str | None = None,
     ):
         self.host, self.port, self.node = host, port, node or f"{host}:{port}"
+        self.token = token or None
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._sock: socket.socket | None = None
@@ -310,10 +341,21 @@ class ReplicaClient:
         body: Any = None,
         into: np.ndarray | None = None,
     ) -> tuple[dict[str, Any], np.ndarray | None]:
+        if self.token is not None:
+            header = {**header, "token": self.token}
         with self._lock:
             try:
                 sock = self._connect()
-                send_msg(sock, header, body)
+                try:
+                    send_msg(sock, header, body)
+                except OSError:
+                    # The server may have refused the header and closed without reading the
+                    # body (a wrong token, a bad name): its answer says why, if it is there.
+                    refusal = _pending_refusal(sock)
+                    if refusal is not None:
+                        self.close()
+                        raise ReplicaError(f"peer {self.node}: {refusal}") from None
+                    raise
                 reply = recv_header(sock)
                 if reply is None:
                     raise ConnectionError("connection closed")
@@ -371,7 +413,9 @@ class ReplicaClient:
             return buf
         bounds = [size * i // parts // 4096 * 4096 for i in range(parts)] + [size]
         extra = [
-            ReplicaClient(self.host, self.port, self.node, self.timeout, self.connect_timeout)
+            ReplicaClient(
+                self.host, self.port, self.node, self.timeout, self.connect_timeout, self.token
+            )
             for _ in range(parts - 1)
         ]
         errors: list[BaseException] = []

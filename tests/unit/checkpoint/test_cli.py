@@ -95,6 +95,21 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
     assert code == 6 and err.startswith("hyperpod checkpoint: error: replica server: couldn't")
 
 
+@pytest.mark.parametrize(
+    ("content", "message"), [(None, "cannot read"), ("\n", "empty token file")]
+)
+def test_serve_with_a_bad_token_file_is_one_line(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    token = tmp_path / "token"
+    if content is not None:
+        token.write_text(content)
+    code, _, err = run(
+        "serve", "--dir", str(tmp_path / "m"), "--port", "1", "--token-file", str(token)
+    )
+    assert code == 6 and err.startswith("hyperpod checkpoint: error:") and message in err
+
+
 def test_show_names_the_writer_of_deduplicated_leaves(tmp_path: Path) -> None:
     ranks = [
         Checkpointer(

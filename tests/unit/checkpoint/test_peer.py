@@ -225,3 +225,44 @@ def test_restore_from_peer_over_several_streams(
     got = a.load_latest(big)
     assert got is not None and a.last_restore is not None and a.last_restore.tier == "peer"
     assert_same(got[1], big)
+
+
+def test_a_server_with_a_token_serves_only_clients_that_carry_it(tmp_path: Path) -> None:
+    server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port(), token="s3cret").start()
+    try:
+        good = ReplicaClient(*server.address, token="s3cret")
+        good.put(1, "rank-00000.bin", b"abc")
+        for bad in (ReplicaClient(*server.address), ReplicaClient(*server.address, token="nope")):
+            with pytest.raises(ReplicaError, match="unauthorized: missing or wrong token"):
+                bad.get(1, "rank-00000.bin")
+            with pytest.raises(ReplicaError, match="unauthorized"):
+                bad.put(1, "rank-00000.bin", b"overwritten")
+            bad.close()
+        assert good.fetch(1, "rank-00000.bin", 3, 2).tobytes() == b"abc"
+        good.close()
+    finally:
+        server.stop()
+
+
+def test_job_with_a_token_replicates_and_restores_from_the_peer(
+    make_ckpt: Callable[..., Checkpointer], tiers: dict[str, Path]
+) -> None:
+    a, b = _two_nodes(make_ckpt, tiers, token="per-job-secret")
+    _save_both(a, b, 1)
+    assert a.server is not None and a.server.token == "per-job-secret"
+    _wipe(tiers["mem1"])
+    got = a.load_latest(sample_state(1))
+    assert got is not None and a.last_restore is not None and a.last_restore.tier == "peer"
+    assert_same(got[1], sample_state(1))
+
+
+def test_a_large_put_with_a_wrong_token_is_refused_by_name(tmp_path: Path) -> None:
+    server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port(), token="s3cret").start()
+    try:
+        bad = ReplicaClient(*server.address, token="nope")
+        with pytest.raises(ReplicaError, match="unauthorized"):
+            bad.put(1, "rank-00000.bin", np.zeros(64 << 20, dtype=np.uint8))
+        bad.close()
+        assert not list((tmp_path / "srv").rglob("rank-*"))
+    finally:
+        server.stop()

@@ -52,6 +52,11 @@ def test_slurm_environment() -> None:
     assert (kw["rank"], kw["world_size"], kw["local_rank"], kw["node"]) == (3, 4, 1, "node2")
     assert kw["memory_dir"] == "/dev/shm/hyperpod-ckpt/77"
     assert kw["serve"] is False and kw["peers"] == {}
+    assert kw["token"] is None and kw["peer_streams"] == 4
+    kw = settings_from_env(
+        dict(ENV, HYPERPOD_CHECKPOINT_TOKEN="t0k", HYPERPOD_CHECKPOINT_PEER_STREAMS="2")
+    )
+    assert kw["token"] == "t0k" and kw["peer_streams"] == 2
 
 
 def test_torchrun_variables_win_and_overrides_apply() -> None:
