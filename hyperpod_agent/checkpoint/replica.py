@@ -19,98 +19,24 @@ metadata carries the checksums, verified by the reader.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import socket
 import socketserver
-import struct
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import _threads, layout
+from hyperpod_agent.checkpoint import _threads, layout, wire
 from hyperpod_agent.checkpoint._threads import lower_priority
 from hyperpod_agent.checkpoint.errors import ReplicaError
 
 log = logging.getLogger(__name__)
 
-MAX_HEADER = 1 << 20
 DEFAULT_MAX_BODY = 64 << 30
-_CHUNK = 8 << 20
-_SMALL = 64 << 10
 _MIN_PART = 16 << 20  # below this per connection, a parallel fetch costs more than it gains
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if not k:
-            raise ConnectionError("connection closed")
-        got += k
-    return bytes(buf)
-
-
-def _recv_into(sock: socket.socket, view: memoryview) -> None:
-    got = 0
-    while got < len(view):
-        k = sock.recv_into(view[got:], min(_CHUNK, len(view) - got))
-        if not k:
-            raise ConnectionError("connection closed mid-body")
-        got += k
-
-
-def _stream(sock: socket.socket, size: int) -> Iterator[memoryview]:
-    """Yield a body of ``size`` bytes in chunks through one reused buffer (no full copy)."""
-    buf = bytearray(min(size, _CHUNK))
-    view = memoryview(buf)
-    left = size
-    while left:
-        part = view[: min(left, len(buf))]
-        _recv_into(sock, part)
-        left -= len(part)
-        yield part
-
-
-def _no_delay(sock: socket.socket) -> None:
-    """Requests and replies are header-then-body writes; with Nagle's algorithm the second
-    write of a small reply waits for the peer's delayed ACK (40 ms per request on Linux)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def send_msg(sock: socket.socket, header: dict[str, Any], body: Any = None) -> None:
-    """Send one framed message."""
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    frame = struct.pack(">I", len(raw)) + raw
-    view = memoryview(body).cast("B") if body is not None else memoryview(b"")
-    if len(view) <= _SMALL:
-        sock.sendall(frame + view)  # one segment: a small reply is not split in two
-        return
-    sock.sendall(frame)
-    for start in range(0, len(view), _CHUNK):
-        sock.sendall(view[start : start + _CHUNK])
-
-
-def recv_header(sock: socket.socket) -> dict[str, Any] | None:
-    """Receive one header; None on a clean end of connection."""
-    first = sock.recv(4, socket.MSG_WAITALL)
-    if not first:
-        return None
-    if len(first) < 4:
-        raise ConnectionError("truncated frame")
-    (n,) = struct.unpack(">I", first)
-    if n > MAX_HEADER:
-        raise ValueError(f"header of {n} bytes exceeds {MAX_HEADER}")
-    obj = json.loads(_recv_exact(sock, n))
-    if not isinstance(obj, dict):
-        raise ValueError("header is not a JSON object")
-    return obj
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -119,24 +45,26 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock: socket.socket = self.request
         sock.settimeout(self.server.owner.io_timeout)
-        _no_delay(sock)
+        wire.no_delay(sock)
         lower_priority(_threads.NETWORK)  # serving replicas must not slow this node's training
         peer = self.client_address
         while True:
             try:
-                header = recv_header(sock)
+                header = wire.recv_header(sock)
                 if header is None:
                     return
                 if not self.server.owner.authorized(header):
                     log.warning("replica server: refused %s: missing or wrong token", peer)
-                    send_msg(sock, {"ok": False, "error": "unauthorized: missing or wrong token"})
+                    wire.send_msg(
+                        sock, {"ok": False, "error": "unauthorized: missing or wrong token"}
+                    )
                     return
                 self.server.owner.dispatch(sock, header)
             except (ValueError, KeyError, TypeError) as exc:
                 # A bad request is answered and the connection closed; the server goes on.
                 log.warning("replica server: bad request from %s: %s", peer, exc)
                 try:
-                    send_msg(sock, {"ok": False, "error": str(exc)})
+                    wire.send_msg(sock, {"ok": False, "error": str(exc)})
                 except OSError:
                     pass
                 return
@@ -244,8 +172,8 @@ class ReplicaServer:
             size = header["size"]
             if not isinstance(size, int) or not 0 <= size <= self.max_body:
                 raise ValueError(f"bad size {size!r}")
-            layout.atomic_write(path, _stream(sock, size))
-            send_msg(sock, {"ok": True})
+            layout.atomic_write(path, wire.stream_body(sock, size))
+            wire.send_msg(sock, {"ok": True})
         elif op == "get":
             path = self._path(header)
             try:
@@ -257,38 +185,26 @@ class ReplicaServer:
                             header, total, f"{path.name} of step {header['step']}"
                         )
                         reply = {"ok": True, "size": size, "offset": offset, "total": total}
-                        send_msg(sock, reply)
+                        wire.send_msg(sock, reply)
                     else:
                         offset, size = 0, total
-                        send_msg(sock, {"ok": True, "size": size})
+                        wire.send_msg(sock, {"ok": True, "size": size})
                     if size:
                         sock.sendfile(f, offset, size)
             except FileNotFoundError:
-                send_msg(
+                wire.send_msg(
                     sock, {"ok": False, "error": f"{path.name} of step {header['step']}: not here"}
                 )
         elif op == "list":
             steps = {str(s): sorted(i.ranks) for s, i in layout.scan(self.root).items()}
-            send_msg(sock, {"ok": True, "steps": steps})
+            wire.send_msg(sock, {"ok": True, "steps": steps})
         elif op == "prune":
             ranks, keep = header["ranks"], header["keep"]
             if not isinstance(keep, int) or not all(isinstance(r, int) for r in ranks):
                 raise ValueError("prune needs int keep and int ranks")
-            send_msg(sock, {"ok": True, "removed": layout.prune(self.root, keep, ranks)})
+            wire.send_msg(sock, {"ok": True, "removed": layout.prune(self.root, keep, ranks)})
         else:
             raise ValueError(f"unknown op {op!r}")
-
-
-def _pending_refusal(sock: socket.socket) -> str | None:
-    """An error reply already waiting on ``sock``, if any (read without blocking long)."""
-    try:
-        sock.settimeout(1.0)
-        reply = recv_header(sock)
-    except (OSError, ValueError):
-        return None
-    if reply is None or reply.get("ok"):
-        return None
-    return str(reply.get("error", "refused"))
 
 
 class ReplicaClient:
@@ -317,7 +233,7 @@ class ReplicaClient:
         while True:
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-                _no_delay(sock)
+                wire.no_delay(sock)
                 self._sock = sock
                 return sock
             except OSError as exc:
@@ -347,16 +263,16 @@ class ReplicaClient:
             try:
                 sock = self._connect()
                 try:
-                    send_msg(sock, header, body)
+                    wire.send_msg(sock, header, body)
                 except OSError:
                     # The server may have refused the header and closed without reading the
                     # body (a wrong token, a bad name): its answer says why, if it is there.
-                    refusal = _pending_refusal(sock)
+                    refusal = wire.pending_refusal(sock)
                     if refusal is not None:
                         self.close()
                         raise ReplicaError(f"peer {self.node}: {refusal}") from None
                     raise
-                reply = recv_header(sock)
+                reply = wire.recv_header(sock)
                 if reply is None:
                     raise ConnectionError("connection closed")
                 if not reply.get("ok"):
@@ -374,7 +290,7 @@ class ReplicaClient:
                             f"asked for {into.size} at {header.get('offset')}"
                         )
                     data = into if into is not None else np.empty(size, dtype=np.uint8)
-                    _recv_into(sock, data.data)
+                    wire.recv_into(sock, data.data)
                 return reply, data
             except ReplicaError:
                 raise
