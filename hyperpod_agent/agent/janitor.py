@@ -73,9 +73,9 @@ class MemoryTierJanitor:
         self._next = 0.0
         self._thread: threading.Thread | None = None
 
-    def due(self, now: float | None = None) -> bool:
+    def due(self) -> bool:
         """True when a sweep is due."""
-        return self.config.cleanup and (time.monotonic() if now is None else now) >= self._next
+        return self.config.cleanup and time.monotonic() >= self._next
 
     def maybe_sweep(self) -> list[int]:
         """Sweep if due; never raises (a janitor must not stop the agent)."""
@@ -101,9 +101,9 @@ class MemoryTierJanitor:
         self._thread.start()
         return self._thread
 
-    def candidates(self, now: float | None = None) -> list[tuple[int, Path]]:
+    def candidates(self) -> list[tuple[int, Path]]:
         """Job directories idle for ``idle_s``, oldest first."""
-        now = time.time() if now is None else now
+        now = time.time()
         found: list[tuple[float, int, Path]] = []
         try:
             entries = list(os.scandir(self.config.root))

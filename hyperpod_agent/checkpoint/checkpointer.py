@@ -220,7 +220,7 @@ class Checkpointer:
             jobs.append(
                 (
                     "peer",
-                    lambda: self._write_peer(step, buf, skeleton, size, metas, times, progress),
+                    lambda: self._write_peer(step, buf, skeleton, metas, times, progress),
                 )
             )
         if index % self.persistent_every == 0:
@@ -318,16 +318,15 @@ class Checkpointer:
         step: int,
         data: np.ndarray,
         skeleton: Any,
-        size: int,
         metas: Future[list[dict[str, Any]]],
         times: dict[str, float],
         progress: Progress,
     ) -> None:
         assert self._replica is not None
         lower_priority(_threads.NETWORK)
-        progress.wait(size)  # the network is not the bottleneck of durability: send whole
+        progress.wait(data.size)  # the network is not the bottleneck of durability: send whole
         self._replica.put(step, layout.data_name(self.rank), data)
-        meta = self._meta(step, skeleton, metas.result(), size)
+        meta = self._meta(step, skeleton, metas.result(), data.size)
         self._replica.put(
             step, layout.meta_name(self.rank), json.dumps(meta, separators=(",", ":")).encode()
         )
@@ -346,7 +345,6 @@ class Checkpointer:
         progress: Progress,
     ) -> None:
         owners = assign_owners(leaves, self.replicated, self.replica_group)
-        mine: list[Leaf] = []
         placed: list[int | None] = []  # offset in this rank's file, None if another rank's
         pos = 0
         for leaf in leaves:
@@ -354,7 +352,6 @@ class Checkpointer:
                 placed.append(None)
                 continue
             pos += -pos % ALIGN
-            mine.append(leaf)
             placed.append(pos)
             pos += leaf.nbytes
 
@@ -362,7 +359,9 @@ class Checkpointer:
             if not self.overlap:
                 progress.wait(len(buf))
             at = 0
-            for leaf, where in zip(mine, (p for p in placed if p is not None), strict=True):
+            for leaf, where in zip(leaves, placed, strict=True):
+                if where is None:
+                    continue
                 if where > at:
                     yield memoryview(bytes(where - at))
                 progress.wait(leaf.offset + leaf.nbytes)  # written as soon as it is staged

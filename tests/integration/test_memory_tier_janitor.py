@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from hyperpod_agent.agent.janitor import MemoryTierConfig, MemoryTierJanitor, slurm_lookup
+from hyperpod_agent.localcluster.drill import wait_for, wait_job_end
 from hyperpod_agent.slurm.client import SlurmClient
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
@@ -30,16 +31,9 @@ def sbatch(cluster: Any, *args: str) -> int:
     return int(proc.stdout.strip().split(";")[0])
 
 
-def wait_state(client: SlurmClient, job_id: int, states: set[str], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    state = None
-    while time.monotonic() < deadline:
-        job = client.job(job_id)
-        state = job.state if job is not None else None
-        if state in states:
-            return
-        time.sleep(0.2)
-    pytest.fail(f"job {job_id} did not reach {states} in {timeout} s (last {state})")
+def _state(client: SlurmClient, job_id: int) -> str | None:
+    job = client.job(job_id)
+    return job.state if job is not None else None
 
 
 def idle_tier(root: Path, job_id: int) -> Path:
@@ -58,8 +52,8 @@ def test_janitor_frees_finished_and_forgotten_jobs_only(local_cluster: Any, tmp_
     done = sbatch(local_cluster, "--wrap", "true")
     running = sbatch(local_cluster, "--wrap", "sleep 120")
     try:
-        wait_state(client, done, {"COMPLETED"})
-        wait_state(client, running, {"RUNNING"})
+        assert wait_job_end(local_cluster, done, timeout=60).state == "COMPLETED"
+        wait_for(f"job {running} to run", 60, lambda: _state(client, running) == "RUNNING")
         tiers = {
             "finished": idle_tier(tmp_path, done),
             "running": idle_tier(tmp_path, running),
@@ -81,5 +75,5 @@ def test_janitor_frees_finished_and_forgotten_jobs_only(local_cluster: Any, tmp_
         assert (tmp_path / str(done)).exists() and tiers["running"].exists()
     finally:
         client.cancel(running)
-        wait_state(client, running, {"CANCELLED", "COMPLETED", "FAILED"}, timeout=30)
+        wait_job_end(local_cluster, running, timeout=30)
     local_cluster.wait_idle(local_cluster.nodes, timeout=30)
