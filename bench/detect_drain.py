@@ -88,6 +88,9 @@ def report(node: str, seq: int, faulty: bool) -> dict[str, object]:
         "seq": seq,
         "generated_at": now,
         "verdict": "faulty" if faulty else "healthy",
+        "confirmed": [
+            {"probe": "gpu", "component": f["component"], "code": f["code"]} for f in findings
+        ],
         "results": [
             {"probe": "gpu", "status": "FAIL" if faulty else "OK", "findings": findings, "at": now}
         ],

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Status(str, enum.Enum):
@@ -105,6 +105,22 @@ class Fault(BaseModel):
     message: str = ""
 
 
+class FaultRef(BaseModel):
+    """A FAIL finding the agent's verdict confirmed: reported by enough consecutive runs
+    of its probe (flap damping) and outside the start-up grace. Only these may lead the
+    controller to take the node out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    probe: str = Field(min_length=1, max_length=32)
+    component: str = Field(min_length=1, max_length=64)
+    code: str = Field(min_length=1, max_length=64)
+
+
+MAX_JOB_ID = 2**32 - 1  # Slurm job ids are 32-bit
+MAX_ATTEMPTS = 100_000  # what an --auto-resume marker may say; the controller caps lower
+
+
 class NodeReport(BaseModel):
     """What an agent tells the controller, and what it caches for health-check.
 
@@ -123,7 +139,23 @@ class NodeReport(BaseModel):
     urgent: bool = False
     message: str = Field(default="", max_length=1024)
     results: list[ProbeResult] = Field(default_factory=list, max_length=64)
+    confirmed: list[FaultRef] = Field(
+        default_factory=list,
+        max_length=256,
+        description="the FAIL findings the verdict confirmed (damped, outside grace)",
+    )
     jobs_opted_in: dict[int, int] = Field(
         default_factory=dict,
+        max_length=1024,
         description="job id -> --auto-resume cap seen on this node (srun markers)",
     )
+
+    @field_validator("jobs_opted_in")
+    @classmethod
+    def _bounded_jobs(cls, value: dict[int, int]) -> dict[int, int]:
+        for job_id, cap in value.items():
+            if not 0 < job_id <= MAX_JOB_ID:
+                raise ValueError(f"job id {job_id} outside 1..{MAX_JOB_ID}")
+            if not 0 <= cap <= MAX_ATTEMPTS:
+                raise ValueError(f"job {job_id}: cap {cap} outside 0..{MAX_ATTEMPTS}")
+        return value

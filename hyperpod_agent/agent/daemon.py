@@ -124,6 +124,7 @@ class Agent:
             urgent=nv.urgent,
             message=nv.message,
             results=results,
+            confirmed=nv.confirmed,
             jobs_opted_in=self.markers.jobs() if self.markers is not None else {},
         )
 

@@ -93,6 +93,8 @@ def fingerprint(report: NodeReport) -> tuple[Any, ...]:
         report.action,
         report.urgent,
         results,
+        # A finding passing its damping changes nothing else in the report.
+        tuple(sorted((c.probe, c.component, c.code) for c in report.confirmed)),
         tuple(sorted(report.jobs_opted_in.items())),
     )
 

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hyperpod_agent.health import Action, Finding, ProbeResult, Status, Verdict, strongest
+from hyperpod_agent.health import (
+    Action,
+    FaultRef,
+    Finding,
+    ProbeResult,
+    Status,
+    Verdict,
+    strongest,
+)
 
 
 class VerdictConfig(BaseModel):
@@ -41,6 +49,8 @@ class NodeVerdict:
     urgent: bool = False
     message: str = ""
     faults: list[Finding] = field(default_factory=list)
+    # The confirmed faults with the probe that found each: what the controller acts on.
+    confirmed: list[FaultRef] = field(default_factory=list)
 
 
 Key = tuple[str, str, str]
@@ -92,7 +102,7 @@ class VerdictEngine:
 
     def evaluate(self, results: Iterable[ProbeResult], now: float) -> NodeVerdict:
         """The verdict for the latest result of each probe at monotonic time ``now``."""
-        confirmed: list[Finding] = []
+        confirmed: list[tuple[str, Finding]] = []
         pending: list[str] = []
         notes: list[str] = []
         warn_actions: list[Action] = []
@@ -111,17 +121,20 @@ class VerdictEngine:
             for f in _fail_findings(res):
                 strikes = self._strikes.get((res.probe, f.component, f.code), 0)
                 if f.urgent or strikes >= self.config.fail_after_runs:
-                    confirmed.append(f)
+                    confirmed.append((res.probe, f))
                 else:
                     pending.append(
                         f"{f.component} {f.code} pending ({strikes}/{self.config.fail_after_runs})"
                     )
         in_grace = now - self.started < self.config.grace_s
-        faults = [
-            f for f in confirmed if not in_grace or (f.urgent and self.config.urgent_in_grace)
+        acted = [
+            (probe, f)
+            for probe, f in confirmed
+            if not in_grace or (f.urgent and self.config.urgent_in_grace)
         ]
+        faults = [f for _, f in acted]
         held = [
-            f"{f.component} {f.code} held (start-up grace)" for f in confirmed if f not in faults
+            f"{f.component} {f.code} held (start-up grace)" for _, f in confirmed if f not in faults
         ]
         if faults:
             parts = [
@@ -134,6 +147,7 @@ class VerdictEngine:
                 any(f.urgent for f in faults),
                 _clip(parts),
                 faults,
+                [FaultRef(probe=p, component=f.component, code=f.code) for p, f in acted],
             )
         if pending or held or notes:
             return NodeVerdict(

@@ -82,7 +82,7 @@ class Executor:
             if kind is Kind.REPLACE:
                 try:
                     view = {k: v for k, v in nodes.items() if k not in promised}
-                    params.update(self.provider.prepare(str(pa.node), view))
+                    params.update(self.provider.prepare(str(pa.node), view, params))
                     if params.get("spare"):
                         promised.add(str(params["spare"]))
                 except ProviderError as exc:

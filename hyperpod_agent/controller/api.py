@@ -383,7 +383,7 @@ def _submit(
     params: dict[str, Any] = {"admin": who}
     if kind is Kind.REPLACE:
         try:
-            params.update(controller.provider.prepare(name, controller.nodes))
+            params.update(controller.replacement_params(name))
         except ProviderError as exc:
             raise Rejected(409, "no_replacement", str(exc)) from exc
     now = controller.clock()

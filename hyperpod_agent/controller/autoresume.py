@@ -26,8 +26,12 @@ MAX_CAP = 1000  # the SPANK option's upper bound
 def cap_of(job: Job, snap: Snapshot, default_attempts: int) -> int | None:
     """The job's retry budget, or None when it did not opt in."""
     values = [job.auto_resume] if job.auto_resume else []
+    # An srun marker counts only from a node the job runs on: any other node's report
+    # could otherwise opt any job in.
     values += [
-        h.jobs_opted_in[job.job_id] for h in snap.health.values() if h.jobs_opted_in.get(job.job_id)
+        cap
+        for name in job.nodes
+        if (h := snap.health.get(name)) is not None and (cap := h.jobs_opted_in.get(job.job_id))
     ]
     values = [v for v in values if v is not None and v > 0]
     if not values:

@@ -55,6 +55,18 @@ class PolicyConfig(BaseModel):
     cooldown_s: float = Field(default=60.0, ge=0)
     max_attempts: int = Field(default=5, ge=1, description="executor retries per action")
     retry_backoff_s: float = Field(default=5.0, ge=0)
+    intent_max_age_s: float = Field(
+        default=900.0, gt=0, description="an intent not applied by then is abandoned"
+    )
+    shared_cause_window_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="faults of one code this close together are one cause; non-urgent "
+        "take-outs wait this long to see whether others share it; 0 switches both off",
+    )
+    shared_cause_min_nodes: int = Field(
+        default=3, ge=2, description="nodes showing one fault code at once make a shared cause"
+    )
 
 
 class AutoResumeConfig(BaseModel):
@@ -114,6 +126,11 @@ class ControllerConfig(BaseModel):
     listen_port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     state_db: Path = Path("/var/lib/hyperpod/controller.db")
     slurm_conf: Path | None = None
+    slurm_user: str = Field(
+        default="slurm",
+        min_length=1,
+        description="slurm.conf's SlurmUser: reasons Slurm writes carry this user",
+    )
     slurm_timeout_s: float = Field(default=10.0, gt=0)
     reconcile_interval_s: float = Field(default=10.0, gt=0, le=3600)
     max_body_bytes: int = Field(default=256 * 1024, ge=1024, le=16 * 1024 * 1024)

@@ -6,17 +6,18 @@ test. The executor applies the result (DESIGN §1, STYLE rule 5).
 
 from __future__ import annotations
 
-import math
+import logging
 from collections import defaultdict
 from dataclasses import replace
 
-from hyperpod_agent.controller import autoresume
+from hyperpod_agent.controller import autoresume, safety
 from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
 from hyperpod_agent.controller.reasons import (
-    SPARE,
     OwnedReason,
+    Owner,
     Verb,
     format_reason,
+    owner_of,
     parse_admin_request,
     parse_reason,
 )
@@ -29,45 +30,16 @@ from hyperpod_agent.controller.snapshot import (
     PlannedEvent,
     Snapshot,
 )
-from hyperpod_agent.controller.store_rows import FaultIn, FaultRow
-from hyperpod_agent.health import Action, NodeReport, Status, Verdict
+from hyperpod_agent.controller.store_rows import FaultRow
+from hyperpod_agent.health import Action, Verdict
 from hyperpod_agent.slurm.models import Node
 
-# Reasons Slurm writes itself: not a human's drain, so a fault may still be acted on.
-SLURM_REASONS = ("not responding", "node unexpectedly rebooted", "reboot timed out")
+log = logging.getLogger(__name__)
+
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 IDLE_STATES = ("IDLE", "DOWN", "FAIL")
 REMEDIATIONS = ("reboot", "replace")
 VERB_RANK = {Verb.DRAIN: 1, Verb.RESET: 2, Verb.REBOOT: 3, Verb.REPLACE: 4, Verb.HOLD: 5}
-
-
-def faults_from_report(report: NodeReport, policy: PolicyConfig) -> list[FaultIn]:
-    """The faults a report shows: FAIL/WARN findings, with configured overrides.
-
-    A report that says FAULTY without any finding still yields one fault, so an
-    agent's verdict is never silently ignored.
-    """
-    out: dict[tuple[str, str], FaultIn] = {}
-    for result in report.results:
-        for f in result.findings:
-            if f.status not in (Status.FAIL, Status.WARN):
-                continue
-            rule = policy.fault_overrides.get(f.code)
-            action = (
-                rule.action
-                if rule
-                else (f.action if f.action is not Action.NONE else Action.MONITOR)
-            )
-            urgent = rule.urgent if rule else f.urgent
-            out[(f.component, f.code)] = FaultIn(
-                f.component, f.code, f.status.value, action.value, urgent, f.message
-            )
-    if report.verdict is Verdict.FAULTY and not out:
-        action = report.action if report.action.rank >= Action.RESET.rank else Action.REBOOT
-        out[("node", "faulty")] = FaultIn(
-            "node", "faulty", Status.FAIL.value, action.value, report.urgent, report.message
-        )
-    return list(out.values())
 
 
 def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float) -> Action:
@@ -113,17 +85,27 @@ class _Ctx:
         self.faults: dict[str, list[FaultRow]] = defaultdict(list)
         for f in snap.open_faults:
             self.faults[f.node].append(f)
+        self.slurm_users = (config.slurm_user,)
         # Only the spare pool brings another node in; other providers rebuild the same one.
-        self.spares = SparePool(snap.nodes) if config.provider.kind == "spare_pool" else None
+        self.spares = (
+            SparePool(snap, config.policy, now) if config.provider.kind == "spare_pool" else None
+        )
+
+    def owner(self, node: Node) -> Owner:
+        return owner_of(node, self.slurm_users)
 
     def with_spare(self, action: PlannedAction) -> PlannedAction:
         """Promise a spare to a replacement, so two replacements never count on one."""
         if action.kind is not Kind.REPLACE or self.spares is None or "spare" in action.params:
             return action
         failed = self.snap.nodes.get(str(action.node))
-        spare = self.spares.take(failed) if failed is not None else None
-        if spare is None:
+        if failed is None:
             return action
+        spare = self.spares.take(failed)
+        if spare is None:
+            return replace(
+                action, params={**action.params, "no_spare": self.spares.why_none(failed)}
+            )
         return replace(action, params={**action.params, "spare": spare})
 
     def stale(self, node: Node, health: NodeHealth | None) -> bool:
@@ -164,10 +146,6 @@ class _Ctx:
         return not self.fresh(node.name) and not node.responding
 
 
-def _slurm_reason(reason: str) -> bool:
-    return reason.strip().lower().startswith(SLURM_REASONS)
-
-
 def _worst(items: list[tuple[FaultRow, Action]]) -> tuple[FaultRow, Action]:
     return max(items, key=lambda fa: (fa[1].rank, fa[0].urgent, -fa[0].id))
 
@@ -186,7 +164,7 @@ def _remedy(fault: FaultRow, action: Action, name: str, takes_out: bool) -> Plan
     """The action for one fault on one node."""
     urgent = fault.urgent
     cause = f"{fault.component} {fault.code}: {fault.message or fault.action}"
-    params = {"fault_first_seen": fault.first_seen, "fault_code": fault.code}
+    params = {"fault_first_seen": fault.first_seen, "fault_code": fault.code, "fault_id": fault.id}
     kind, verb = _kind_verb(action)
     reason = format_reason(verb, fault.component, fault.code, fault.message)
     return PlannedAction(
@@ -203,6 +181,7 @@ def _replace_in_loop(fault: FaultRow, name: str, job_id: int, spare: str) -> Pla
     params = {
         "fault_first_seen": fault.first_seen,
         "fault_code": fault.code,
+        "fault_id": fault.id,
         "spare": spare,
         "job_id": job_id,
     }
@@ -222,13 +201,12 @@ def _admin(node: Node, verb: Verb) -> list[PlannedAction]:
 def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
     """Actions for one node; the caller enforces the blast radius."""
     name, reason = node.name, node.reason
-    if name in ctx.busy or node.flags & REBOOT_FLAGS or reason.strip() == SPARE:
-        return []
-    if node.drained and (verb := parse_admin_request(reason)) is not None:
+    owner = ctx.owner(node)
+    if name in ctx.busy or node.flags & REBOOT_FLAGS or owner in (Owner.SPARE, Owner.OTHER):
+        return []  # a spare, or a human's or another tool's node: never touched
+    if owner is Owner.REQUEST and (verb := parse_admin_request(reason)) is not None:
         return _admin(node, verb)
-    ours: OwnedReason | None = parse_reason(reason)
-    if node.drained and ours is None and not _slurm_reason(reason):
-        return []  # a human's or another tool's: never touched
+    ours: OwnedReason | None = parse_reason(reason) if owner is Owner.US else None
     if ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE, Verb.SPARE):
         return []  # held for repair, or managed by the provider
     faults = ctx.actionable(node)
@@ -308,55 +286,43 @@ def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
     return []
 
 
-def _blast_radius(
-    snap: Snapshot, policy: PolicyConfig, planned: list[PlannedAction]
-) -> tuple[bool, str]:
-    """Would the new take-outs exceed ``max_unhealthy_fraction`` of any partition?"""
-    members: dict[str, list[Node]] = defaultdict(list)
-    for node in snap.nodes.values():
-        if node.reason.strip() == SPARE:
-            continue  # the pool is capacity in waiting, not part of the partition's share
-        for part in node.partitions:
-            members[part].append(node)
-    # A replacement with a spare promised does not reduce capacity: the spare comes in.
-    new = {a.node for a in planned if a.takes_out and not a.admin and not a.params.get("spare")}
-    for part, nodes in sorted(members.items()):
-        out = sum(1 for n in nodes if n.drained and parse_reason(n.reason) is not None)
-        adding = sum(1 for n in nodes if n.name in new)
-        allowed = max(
-            policy.min_unhealthy_nodes, math.floor(policy.max_unhealthy_fraction * len(nodes))
-        )
-        if adding and out + adding > allowed:
-            return True, (
-                f"partition {part}: {out} node(s) out and {adding} more faulty of "
-                f"{len(nodes)}; limit {allowed} (max_unhealthy_fraction "
-                f"{policy.max_unhealthy_fraction:g})"
+def _plan_nodes(ctx: _Ctx) -> tuple[list[PlannedAction], list[PlannedEvent]]:
+    """Every node's rules. A node whose rules raise (bad data, a bug) is skipped with an
+    event; it never costs the other nodes their pass."""
+    planned: list[PlannedAction] = []
+    events: list[PlannedEvent] = []
+    for name in sorted(ctx.snap.nodes):
+        try:
+            planned.extend(ctx.with_spare(a) for a in _node_rules(ctx, ctx.snap.nodes[name]))
+        except Exception as exc:  # noqa: BLE001 - isolate one node's failure
+            log.exception("policy: node %s skipped", name)
+            events.append(
+                PlannedEvent(
+                    "policy_error",
+                    f"policy: {name} skipped this pass: {type(exc).__name__}: {exc}",
+                    node=name,
+                    cause=type(exc).__name__,
+                )
             )
-    return False, ""
+    return planned, events
 
 
 def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
     """Plan this pass's actions from the snapshot. Pure."""
     ctx = _Ctx(snap, config, now)
-    planned: list[PlannedAction] = []
-    for name in sorted(snap.nodes):
-        planned.extend(ctx.with_spare(a) for a in _node_rules(ctx, snap.nodes[name]))
-    events: list[PlannedEvent] = []
-    incident, why = _blast_radius(snap, config.policy, planned)
-    if incident:
-        held = sorted({a.node for a in planned if a.takes_out and not a.admin if a.node})
-        events.append(
-            PlannedEvent(
-                "incident", f"incident mode: {why}; not taking out {', '.join(held)}", cause=why
-            )
-        )
-        planned = [a for a in planned if not a.takes_out or a.admin]
+    planned, events = _plan_nodes(ctx)
+    planned, shared = safety.shared_causes(planned, snap.open_faults, config.policy, now)
+    limits = safety.limit_take_outs(snap, config.policy, planned)
+    planned = limits.allowed
     urgent_nodes = {a.node for a in planned if a.urgent and a.node} | {
         n.name
         for n in snap.nodes.values()
-        if n.drained
-        and parse_reason(n.reason) is not None
-        and any(f.urgent for f, _ in ctx.actionable(n))
+        if ctx.owner(n) is Owner.US and any(f.urgent for f, _ in ctx.actionable(n))
     }
     job_actions, job_events = autoresume.plan(snap, config, now, urgent_nodes, ctx.faults, planned)
-    return Decision(planned + job_actions, events + job_events, incident, why)
+    return Decision(
+        planned + job_actions,
+        events + shared + limits.events + job_events,
+        limits.incident,
+        limits.reason,
+    )

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 
+from hyperpod_agent.slurm.models import Node
+
 PREFIX = "hyperpod:"
+# The reasons slurmctld writes itself (node_mgr.c, ping_nodes.c), always as SlurmUser.
+# Matched whole and case-sensitively: "Not responding to IPMI - RMA 1234" is a human's.
+SLURM_REASONS = frozenset({"Not responding", "Node unexpectedly rebooted", "reboot timed out"})
 SPARE = "hyperpod:spare"
 # Slurm keeps reasons as given, but long ones clutter sinfo; keep them readable.
 MAX_REASON = 200
@@ -84,3 +90,35 @@ def parse_admin_request(reason: str) -> Verb | None:
     if match is None:
         return None
     return Verb(match.group(1).lower())
+
+
+class Owner(enum.StrEnum):
+    """Whose a node is, as its Slurm reason says (DESIGN §3)."""
+
+    NONE = "none"  # in service: nobody's to decide about
+    US = "us"  # a reason we wrote
+    SPARE = "spare"  # waiting in our spare pool
+    REQUEST = "request"  # ``Action:Replace`` / ``Action:Reboot``: an admin hands it to us
+    SLURM = "slurm"  # Slurm's own reason for a dead or rebooted node
+    OTHER = "other"  # a human's or another tool's: never touched
+
+
+def owner_of(node: Node, slurm_users: Collection[str]) -> Owner:
+    """The one owner check: who may act on ``node`` now.
+
+    Decided from the node's current reason and the user who set it. Our reasons are
+    ours by their prefix; Slurm's only when the text is exactly one Slurm writes and
+    its user is the SlurmUser (or not known). Everything else is hands off.
+    """
+    if not node.drained:
+        return Owner.NONE
+    reason = node.reason.strip()
+    if reason == SPARE:
+        return Owner.SPARE
+    if parse_admin_request(reason) is not None:
+        return Owner.REQUEST
+    if parse_reason(reason) is not None:
+        return Owner.US
+    if reason in SLURM_REASONS and (not node.reason_user or node.reason_user in slurm_users):
+        return Owner.SLURM
+    return Owner.OTHER

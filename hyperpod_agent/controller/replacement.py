@@ -9,13 +9,11 @@ lands on healthy nodes only.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from hyperpod_agent.controller.autoresume import cap_of, required_nodes
-from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
 from hyperpod_agent.controller.reasons import SPARE
 from hyperpod_agent.controller.snapshot import Snapshot
-from hyperpod_agent.health import Action
+from hyperpod_agent.health import Action, Verdict
 from hyperpod_agent.slurm.models import Node
 
 # Remedies a spare supersedes for a node under an auto-resume job: both leave the job
@@ -23,14 +21,63 @@ from hyperpod_agent.slurm.models import Node
 SUPERSEDED = (Action.RESET, Action.REBOOT)
 
 
-class SparePool:
-    """The responding spares of this pass; each can be promised to one replacement."""
+def spare_ready(node: Node, snap: Snapshot, policy: PolicyConfig, now: float) -> str | None:
+    """Why ``node`` may not be swapped in now, or None when it may: a spare must be
+    responding, and its agent's latest verdict healthy, recent and made since its last
+    boot, with no open fault. A spare nobody vouches for is not put under a job."""
+    if node.reason.strip() != SPARE:
+        return "not a spare"
+    if not node.responding:
+        return "not responding"
+    health = snap.health.get(node.name)
+    if health is None or health.verdict is None or health.generated_at is None:
+        return "no report from its agent"
+    if health.verdict is not Verdict.HEALTHY:
+        return f"its agent says {health.verdict.value}"
+    if health.last_seen is None or now - health.last_seen > policy.heartbeat_timeout_s:
+        return f"no word from its agent for > {policy.heartbeat_timeout_s:g} s"
+    if node.boot_time is not None and health.generated_at < node.boot_time.timestamp():
+        return "its agent has not reported since it booted"
+    faults = sorted(f.code for f in snap.open_faults if f.node == node.name)
+    if faults:
+        return f"open faults {', '.join(faults)}"
+    return None
 
-    def __init__(self, nodes: Mapping[str, Node]) -> None:
+
+class SparePool:
+    """The spares ready this pass (see :func:`spare_ready`); each can be promised to one
+    replacement."""
+
+    def __init__(self, snap: Snapshot, policy: PolicyConfig, now: float) -> None:
+        self._unready = {
+            n.name: why
+            for n in snap.nodes.values()
+            if n.reason.strip() == SPARE and (why := spare_ready(n, snap, policy, now))
+        }
+        self._all = snap.nodes
+        # Spares promised to replacements still under way are not free either.
+        taken = {str(a.params["spare"]) for a in snap.in_flight if a.params.get("spare")}
         self._free = sorted(
-            (n for n in nodes.values() if n.reason.strip() == SPARE and n.responding),
+            (
+                n
+                for n in snap.nodes.values()
+                if n.name not in taken and spare_ready(n, snap, policy, now) is None
+            ),
             key=lambda n: n.name,
         )
+
+    def why_none(self, failed: Node) -> str:
+        """Why no spare could be promised to ``failed`` (for the event)."""
+        parts = set(failed.partitions)
+        where = ",".join(sorted(parts)) or "-"
+        unready = [
+            f"{name}: {why}"
+            for name, why in sorted(self._unready.items())
+            if not parts or parts & set(self._all[name].partitions)
+        ]
+        if not unready:
+            return f"no spare left in partitions {where}"
+        return f"no spare ready in partitions {where} ({'; '.join(unready)})"
 
     def take(self, failed: Node) -> str | None:
         """Promise a spare sharing a partition with ``failed``; None when there is none."""

@@ -14,14 +14,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
 from hyperpod_agent.controller.jobwatch import JobWatch
-from hyperpod_agent.controller.policy import decide, faults_from_report
+from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.providers.base import Provider, SlurmApi
+from hyperpod_agent.controller.replacement import SparePool
+from hyperpod_agent.controller.report_faults import faults_from_report
 from hyperpod_agent.controller.snapshot import Decision, NodeHealth, Snapshot
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_rows import TrackedJob
@@ -131,7 +134,7 @@ class Controller:
                     and generated <= last.generated_at
                 ):
                     raise Rejected(409, "stale", "report is older than the last accepted one")
-            faults = faults_from_report(report, self.config.policy)
+            seen = faults_from_report(report, self.config.policy)
             opened, closed = self.store.record_report(
                 report.node,
                 report.agent_id,
@@ -139,9 +142,11 @@ class Controller:
                 generated,
                 report.verdict.value,
                 report.model_dump_json(),
-                faults,
+                seen.faults,
                 now,
                 json.dumps({str(k): v for k, v in report.jobs_opted_in.items()}),
+                keep=seen.keep,
+                keep_probes=seen.keep_probes,
             )
         for f in opened:
             metrics.FAULTS.labels(f.code).inc()
@@ -172,7 +177,7 @@ class Controller:
             )
         ):
             self.wake.set()  # act now, not at the next tick
-        return len(faults)
+        return len(seen.faults)
 
     def ingest_heartbeat(self, beat: Heartbeat) -> None:
         """Accept a heartbeat if newer than the last one from that agent."""
@@ -290,7 +295,22 @@ class Controller:
             tracked=self.store.jobs(),
             requeues_last_minute=self.store.actions_since("requeue", now - 60.0),
             started_at=self.started_at,
+            replaced=self.store.replaced_nodes(),
         )
+
+    def replacement_params(self, node: str) -> dict[str, Any]:
+        """What an admin's replace of ``node`` needs from the provider: with the spare
+        pool, a spare that is ready (healthy, recent, not promised elsewhere).
+
+        Raises ProviderError when there is none."""
+        params: dict[str, Any] = {}
+        failed = self.nodes.get(node)
+        if self.config.provider.kind == "spare_pool" and failed is not None:
+            now = self.clock()
+            pool = SparePool(self.snapshot(self.nodes, self.jobs, now), self.config.policy, now)
+            spare = pool.take(failed)
+            params = {"spare": spare} if spare else {"no_spare": pool.why_none(failed)}
+        return self.provider.prepare(node, self.nodes, params)
 
     def _track_jobs(self, snap: Snapshot, now: float) -> None:
         """Remember opted-in jobs (for the API) and close the ones that ended well."""

@@ -53,6 +53,8 @@ class Snapshot:
     tracked: Mapping[int, TrackedJob] = field(default_factory=dict)
     requeues_last_minute: int = 0
     started_at: float = 0.0
+    # Nodes held for repair whose replacement came into service: no longer capacity lost.
+    replaced: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

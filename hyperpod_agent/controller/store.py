@@ -127,10 +127,15 @@ class Store:
         faults: list[FaultIn],
         now: float,
         jobs_opted_in: str = "{}",
+        keep: frozenset[tuple[str, str]] = frozenset(),
+        keep_probes: frozenset[str] = frozenset(),
     ) -> tuple[list[FaultRow], list[FaultRow]]:
         """Store a report and reconcile the node's open faults with what it lists.
 
-        Returns (faults opened now, faults closed now).
+        An open fault not in ``faults`` is closed, unless the report still shows it
+        without confirming it (``keep``: e.g. a restarted agent counting strikes again)
+        or its probe could not look this time (``keep_probes``: UNKNOWN). Returns
+        (faults opened now, faults closed now).
         """
         opened: list[FaultRow] = []
         closed: list[FaultRow] = []
@@ -175,7 +180,8 @@ class Store:
                     continue
                 cur = db.execute(
                     "INSERT INTO faults (node, component, code, severity, action, urgent, "
-                    "first_seen, last_seen, count, message) VALUES (?,?,?,?,?,?,?,?,1,?)",
+                    "first_seen, last_seen, count, message, probe) "
+                    "VALUES (?,?,?,?,?,?,?,?,1,?,?)",
                     (
                         node,
                         f.component,
@@ -186,6 +192,7 @@ class Store:
                         generated_at,
                         generated_at,
                         f.message,
+                        f.probe,
                     ),
                 )
                 opened.append(
@@ -202,10 +209,11 @@ class Store:
                         1,
                         f.message,
                         None,
+                        f.probe,
                     )
                 )
             for key, row in current.items():
-                if key not in seen:
+                if key not in seen and key not in keep and row.probe not in keep_probes:
                     db.execute("UPDATE faults SET closed_at=? WHERE id=?", (generated_at, row.id))
                     closed.append(row)
         return opened, closed
@@ -329,6 +337,17 @@ class Store:
             (since,),
         )
         return [ActionRow.from_row(r) for r in rows]
+
+    def replaced_nodes(self) -> frozenset[str]:
+        """Nodes whose latest replacement completed with a spare taking their place."""
+        rows = self._query(
+            "SELECT a.node, a.params FROM actions a JOIN (SELECT node, max(id) AS id "
+            "FROM actions WHERE kind='replace' AND node IS NOT NULL GROUP BY node) m "
+            "ON a.id = m.id WHERE a.state='done'"
+        )
+        return frozenset(
+            str(node) for node, params in rows if params and json.loads(params).get("spare")
+        )
 
     def actions_since(self, kind: str, since: float) -> int:
         rows = self._query(

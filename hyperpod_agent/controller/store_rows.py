@@ -17,13 +17,14 @@ class FaultIn:
     action: str
     urgent: bool
     message: str = ""
+    probe: str = ""  # the probe that reported it ("" when not known)
 
 
 @dataclass(frozen=True)
 class FaultRow:
     COLUMNS: ClassVar[str] = (
         "id, node, component, code, severity, action, urgent, first_seen, last_seen, "
-        "count, message, closed_at"
+        "count, message, closed_at, probe"
     )
     id: int
     node: str
@@ -37,6 +38,7 @@ class FaultRow:
     count: int
     message: str
     closed_at: float | None
+    probe: str = ""
 
     @classmethod
     def from_row(cls, r: tuple[Any, ...]) -> FaultRow:
@@ -53,6 +55,7 @@ class FaultRow:
             int(r[9]),
             r[10],
             None if r[11] is None else float(r[11]),
+            r[12] or "",
         )
 
 

@@ -38,4 +38,9 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE nodes ADD COLUMN jobs_opted_in TEXT NOT NULL DEFAULT '{}';
     """,
+    # 3: which probe reported a fault, so a probe that could not look (UNKNOWN) keeps
+    # its faults open instead of closing them and reopening them as repeats.
+    """
+    ALTER TABLE faults ADD COLUMN probe TEXT NOT NULL DEFAULT '';
+    """,
 ]

@@ -106,6 +106,7 @@ class Services:
             "listen_port": self.controller_port,
             "state_db": str(self.dir / "state" / "controller.db"),
             "slurm_conf": str(self.cluster.slurm_conf),
+            "slurm_user": "root",  # SlurmUser in the local cluster's slurm.conf
             "reconcile_interval_s": 2.0,
             "auth": self.auth(),
             # A 4-node partition under the 10% default could lose only one node, and
@@ -115,6 +116,9 @@ class Services:
                 "cooldown_s": 5.0,
                 "max_unhealthy_fraction": 0.5,
                 "lemon_threshold": 100,
+                # Agents here probe every second: a shared cause shows on every node
+                # within a few seconds, so a short wait suffices.
+                "shared_cause_window_s": 3.0,
             },
             "auto_resume": {
                 "backoff_base_s": 0.0,

@@ -130,6 +130,12 @@ class ControllerProcess:
             "seq": seq,
             "generated_at": now,
             "verdict": "faulty" if findings else "healthy",
+            # What the agent's verdict confirmed: here, every FAIL finding.
+            "confirmed": [
+                {"probe": "gpu", "component": f["component"], "code": f["code"]}
+                for f in findings
+                if f.get("status") == "FAIL"
+            ],
             "results": [
                 {
                     "probe": "gpu",

@@ -188,6 +188,7 @@ def _report_urgent(ctl: ControllerProcess, node: str, opted_job: int | None) -> 
         "seq": 1,
         "generated_at": now,
         "verdict": "faulty",
+        "confirmed": [{"probe": "gpu", "component": "gpu0", "code": "xid79"}],
         "jobs_opted_in": {str(opted_job): 2} if opted_job is not None else {},
         "results": [
             {

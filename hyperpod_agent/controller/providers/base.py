@@ -51,7 +51,9 @@ class Provider(Protocol):
     # True when the failed node itself comes back (same name) and we resume it when done.
     resumes_node: bool
 
-    def prepare(self, node: str, nodes: Mapping[str, Node]) -> dict[str, Any]: ...
+    def prepare(
+        self, node: str, nodes: Mapping[str, Node], params: Mapping[str, Any]
+    ) -> dict[str, Any]: ...
 
     def replace(self, node: str, reason: str, params: Mapping[str, Any], now: float) -> Handle: ...
 

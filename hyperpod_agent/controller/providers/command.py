@@ -38,7 +38,9 @@ class CommandProvider:
         self.command = list(command)
         self.timeout_s = timeout_s
 
-    def prepare(self, node: str, nodes: Mapping[str, Node]) -> dict[str, Any]:
+    def prepare(
+        self, node: str, nodes: Mapping[str, Node], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
         return {}
 
     def replace(self, node: str, reason: str, params: Mapping[str, Any], now: float) -> Handle:

@@ -24,23 +24,19 @@ class SparePoolProvider:
     def __init__(self, slurm: SlurmApi) -> None:
         self.slurm = slurm
 
-    def prepare(self, node: str, nodes: Mapping[str, Node]) -> dict[str, Any]:
-        failed = nodes.get(node)
-        parts = set(failed.partitions) if failed else set()
-        spares = sorted(
-            n.name
-            for n in nodes.values()
-            if n.reason.strip() == SPARE
-            and n.responding
-            and n.name != node
-            and (not parts or parts & set(n.partitions))
-        )
-        if not spares:
-            raise ProviderError(
-                f"no responding spare (reason {SPARE!r}) in partitions "
-                f"{','.join(sorted(parts)) or '-'} for {node}"
-            )
-        return {"spare": spares[0]}
+    def prepare(
+        self, node: str, nodes: Mapping[str, Node], params: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Confirm the spare the policy promised (it alone knows which spares are
+        healthy); never pick one of our own."""
+        spare = params.get("spare")
+        if not spare:
+            why = params.get("no_spare") or "no spare ready"
+            raise ProviderError(f"{why} for {node}")
+        target = nodes.get(str(spare))
+        if target is None or target.reason.strip() != SPARE or not target.responding:
+            raise ProviderError(f"spare {spare} is no longer a responding spare")
+        return {"spare": str(spare)}
 
     def replace(self, node: str, reason: str, params: Mapping[str, Any], now: float) -> Handle:
         # Drain first: if we stop between the two calls, capacity is short by one node

@@ -19,7 +19,15 @@ from pydantic import ValidationError
 
 from hyperpod_agent.agent.reporter import Reporter, ReporterConfig, fingerprint, self_drain_reason
 from hyperpod_agent.auth import AuthConfig, ServerAuth, derive_key
-from hyperpod_agent.health import Action, Finding, NodeReport, ProbeResult, Status, Verdict
+from hyperpod_agent.health import (
+    Action,
+    FaultRef,
+    Finding,
+    NodeReport,
+    ProbeResult,
+    Status,
+    Verdict,
+)
 
 
 class Recorder:
@@ -409,6 +417,8 @@ def test_fingerprint_ignores_times_and_seq() -> None:
     assert a.seq != b.seq and fingerprint(a) == fingerprint(b)
     assert fingerprint(a) != fingerprint(report(Verdict.DEGRADED))
     assert fingerprint(a) != fingerprint(a.model_copy(update={"jobs_opted_in": {7: 1}}))
+    confirmed = [FaultRef(probe="gpu", component="gpu0", code="xid79")]
+    assert fingerprint(a) != fingerprint(a.model_copy(update={"confirmed": confirmed}))
 
 
 def test_self_drain_reason_without_findings() -> None:

@@ -170,3 +170,22 @@ def test_fault_clears_when_probe_recovers() -> None:
     e = engine(n=1)
     assert e.evaluate([res("gpu", Status.FAIL, fail(), run=1)], now=100).verdict == Verdict.FAULTY
     assert e.evaluate([res("gpu", Status.OK, run=2)], now=101).verdict == Verdict.HEALTHY
+
+
+def test_confirmed_lists_what_the_verdict_acts_on_with_its_probe() -> None:
+    from hyperpod_agent.health import FaultRef
+
+    e = engine(n=2, grace=30.0)
+    pending = res("nic", Status.FAIL, fail("link_down", component="ib0"), run=0)
+    urgent = res("gpu", Status.FAIL, fail("xid79", Action.REBOOT, urgent=True), run=0)
+    v = e.evaluate([pending, urgent], now=1.0)
+    # In grace and 1 of 2 strikes: only the urgent finding is confirmed.
+    assert v.confirmed == [FaultRef(probe="gpu", component="gpu1", code="xid79")]
+    again = res("nic", Status.FAIL, fail("link_down", component="ib0"), run=1)
+    v = e.evaluate([again, urgent], now=2.0)
+    assert [c.code for c in v.confirmed] == ["xid79"]  # link_down confirmed but held
+    v = e.evaluate([again, urgent], now=40.0)
+    assert sorted((c.probe, c.code) for c in v.confirmed) == [
+        ("gpu", "xid79"),
+        ("nic", "link_down"),
+    ]

@@ -51,7 +51,7 @@ def fault(
     code: str = "xid79",
     action: str = "REBOOT",
     urgent: bool = False,
-    first_seen: float = NOW - 5,
+    first_seen: float = NOW - 60,  # past the shared-cause window
     closed_at: float | None = None,
     fid: int | None = None,
     last_seen: float | None = None,

@@ -99,6 +99,9 @@ def report(
         "seq": seq,
         "generated_at": now_iso(),
         "verdict": "faulty" if faulty else "healthy",
+        "confirmed": [
+            {"probe": "gpu", "component": f["component"], "code": f["code"]} for f in findings
+        ],
         "results": [
             {
                 "probe": "gpu",
@@ -302,8 +305,13 @@ def test_read_endpoints_need_auth(api: Api) -> None:
 
 
 def test_admin_action(api: Api) -> None:
-    api.controller.reconcile_once()
     body = {"action": "replace", "reason": "fan noise"}
+    api.controller.reconcile_once()
+    # No spare vouched for by its agent: a replacement is refused, nothing is recorded.
+    refused = api.post("/v1/nodes/node3/actions", body, who="admin")
+    assert refused.status_code == 409 and "node5: no report from its agent" in refused.text
+    assert api.store.open_actions() == []
+    assert api.post("/v1/reports", report("node5", faulty=False), who="node5").status_code == 200
     assert api.post("/v1/nodes/node3/actions", body, who="node3").status_code == 403
     assert api.post("/v1/nodes/nodeX/actions", body, who="admin").status_code == 404
     bad = api.post("/v1/nodes/node3/actions", {"action": "explode"}, who="admin")

@@ -256,3 +256,15 @@ def test_cap_of(slurm_value: int | None, agent_value: int | None, expected: int 
     }
     snap = Snapshot(nodes=cluster(1), health=health)
     assert cap_of(job(7, auto_resume=slurm_value), snap, 3) == expected
+
+
+def test_an_srun_marker_counts_only_from_the_jobs_own_nodes() -> None:
+    # node3 does not run job 7: its report cannot opt job 7 in (or raise its budget).
+    health = {
+        "node1": NodeHealth(Verdict.HEALTHY, NOW, NOW, {}),
+        "node3": NodeHealth(Verdict.HEALTHY, NOW, NOW, {7: 50}),
+    }
+    snap = Snapshot(nodes=cluster(3), health=health)
+    assert cap_of(job(7, auto_resume=None, nodes=("node1",)), snap, 3) is None
+    assert cap_of(job(7, auto_resume=2, nodes=("node1",)), snap, 3) == 2
+    assert cap_of(job(7, auto_resume=None, nodes=("node1", "node3")), snap, 3) == 50

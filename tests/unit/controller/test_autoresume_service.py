@@ -47,6 +47,7 @@ def test_urgent_fault_under_auto_resume_job_replaces_and_requeues_in_one_pass(
 ) -> None:
     slurm = spare_cluster()
     ctl = make(tmp_path, slurm)
+    ctl.ingest_report(report("node5", 1, NOW - 1, faulty=False))  # the spare is healthy
     ctl.ingest_report(report("node2", 1, NOW, faulty=True, urgent=True))
     ctl.reconcile_once()
     reason = "hyperpod:replace gpu0 xid79 fell off the bus"
@@ -81,19 +82,26 @@ def test_waiting_for_capacity_is_said_once_then_requeued(tmp_path: Path) -> None
     assert slurm.names("requeue") == [12]
 
 
-def test_two_replacements_in_one_pass_get_two_spares(tmp_path: Path) -> None:
+def test_a_spare_promised_twice_in_one_pass_is_used_once(tmp_path: Path) -> None:
     nodes = cluster(4)
-    for name in ("node5", "node6"):
-        nodes[name] = node(name, flags=DRAINED, reason="hyperpod:spare")
+    nodes["node5"] = node("node5", flags=DRAINED, reason="hyperpod:spare")
     slurm = FakeSlurm(nodes)
     store = Store(tmp_path / "s.db")
     ex = Executor(store, slurm, SparePoolProvider(slurm), config())
     actions = [
-        PlannedAction(Kind.REPLACE, n, f"hyperpod:replace gpu0 xid79 {n}", "c", takes_out=True)
+        PlannedAction(
+            Kind.REPLACE,
+            n,
+            f"hyperpod:replace gpu0 xid79 {n}",
+            "c",
+            takes_out=True,
+            params={"spare": "node5"},
+        )
         for n in ("node2", "node3")
     ]
     ex.execute(Decision(actions), slurm.nodes, [], NOW)
-    assert slurm.names("resume") == ["node5", "node6"]
+    assert slurm.names("resume") == ["node5"]
+    assert [e.kind for e in store.events()][-2:] == ["no_replacement", "drain"]
 
 
 def test_not_retried_is_bookkeeping_with_an_event(tmp_path: Path) -> None:

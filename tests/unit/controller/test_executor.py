@@ -255,7 +255,11 @@ def test_spare_pool_replace(store: Store) -> None:
     slurm = FakeSlurm(spare_cluster())  # type: ignore[arg-type]
     ex = make(store, slurm)
     pa = PlannedAction(
-        Kind.REPLACE, "node3", "hyperpod:replace admin request Action:Replace", "admin"
+        Kind.REPLACE,
+        "node3",
+        "hyperpod:replace admin request Action:Replace",
+        "admin",
+        params={"spare": "node5"},  # the spare the policy promised
     )
     [aid] = ex.execute(Decision([pa]), slurm.nodes, [], NOW)
     assert slurm.calls == [("drain", "node3", pa.reason), ("resume", "node5")]
@@ -269,13 +273,16 @@ def test_spare_pool_replace(store: Store) -> None:
 
 def test_without_a_spare_the_node_is_still_taken_out_and_held(store: Store) -> None:
     slurm = FakeSlurm(cluster(4))
-    pa = PlannedAction(Kind.REPLACE, "node3", "hyperpod:replace gpu0 xid54 x", "c")
+    why = "no spare ready in partitions main (node5: its agent says faulty)"
+    pa = PlannedAction(
+        Kind.REPLACE, "node3", "hyperpod:replace gpu0 xid54 x", "c", params={"no_spare": why}
+    )
     make(store, slurm).execute(Decision([pa]), slurm.nodes, [], NOW)
     assert slurm.calls == [("drain", "node3", "hyperpod:replace gpu0 xid54 x")]
     assert store.open_actions() == []
     kinds = [e.kind for e in store.events()]
     assert kinds == ["no_replacement", "drain"]
-    assert "no responding spare" in store.events()[0].message
+    assert why in store.events()[0].message
 
 
 def test_spare_pool_retry_keeps_the_chosen_spare(store: Store) -> None:
@@ -284,7 +291,9 @@ def test_spare_pool_retry_keeps_the_chosen_spare(store: Store) -> None:
     slurm = FakeSlurm(nodes)  # type: ignore[arg-type]
     slurm.fail_next["resume"] = 1
     ex = make(store, slurm)
-    pa = PlannedAction(Kind.REPLACE, "node3", "hyperpod:replace gpu0 xid54 x", "c")
+    pa = PlannedAction(
+        Kind.REPLACE, "node3", "hyperpod:replace gpu0 xid54 x", "c", params={"spare": "node5"}
+    )
     [aid] = ex.execute(Decision([pa]), slurm.nodes, [], NOW)
     ex.process_open(slurm.nodes, [], NOW + 60)
     assert slurm.names("resume") == ["node5", "node5"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 
 import pytest
 from ctl_helpers import (
@@ -19,10 +18,9 @@ from ctl_helpers import (
     node,
 )
 
-from hyperpod_agent.controller.policy import decide, faults_from_report
+from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.snapshot import Kind, NodeHealth, Snapshot
 from hyperpod_agent.controller.store_rows import ActionRow, FaultRow
-from hyperpod_agent.health import Action, Finding, NodeReport, ProbeResult, Status, Verdict
 from hyperpod_agent.slurm.models import Job, Node
 
 
@@ -328,6 +326,30 @@ CASES = [
         health={"node2": healthy(last_seen=NOW - 600)},
     ),
     Case(
+        "a human's note that starts like Slurm's reason is the human's",
+        [],
+        changes={
+            "node2": node(
+                "node2", flags=DRAINED, reason="Not responding to IPMI - RMA 1234, keep out"
+            ),
+            "node3": node(
+                "node3",
+                flags=DRAINED,
+                reason="Node unexpectedly rebooted - investigating, keep out",
+            ),
+        },
+        health={"node2": faulty(), "node3": faulty()},
+        open_faults=[fault("node2", urgent=True), fault("node3", urgent=True)],
+        cfg={"policy": {"max_unhealthy_fraction": 0.5}},
+    ),
+    Case(
+        "Slurm's exact reason: the fault is still acted on",
+        [("reboot", "node2", "hyperpod:reboot gpu0 xid79")],
+        changes={"node2": node("node2", flags=DRAINED, reason="Node unexpectedly rebooted")},
+        health={"node2": faulty()},
+        open_faults=[fault("node2", urgent=True)],
+    ),
+    Case(
         "heartbeat lost but Slurm says responding -> nothing",
         [],
         health={"node2": healthy(last_seen=NOW - 600)},
@@ -369,11 +391,20 @@ CASES = [
         incident=True,
     ),
     Case(
-        "out by a human does not count against us",
-        [("reboot", "node2", "hyperpod:reboot")],
+        "out by a human counts: capacity is capacity",
+        [],
         changes={"node4": node("node4", flags=DRAINED, reason="maintenance")},
         health={"node2": faulty()},
         open_faults=[F2],
+        incident=True,
+    ),
+    Case(
+        "down by Slurm counts too",
+        [],
+        changes={"node4": node("node4", state="DOWN", flags=("NOT_RESPONDING",))},
+        health={"node2": faulty()},
+        open_faults=[F2],
+        incident=True,
     ),
     Case(
         "incident still resumes",
@@ -529,71 +560,6 @@ def test_decide_is_pure_and_deterministic() -> None:
     first = decide(snap, config(**c.cfg), NOW)
     second = decide(snap, config(**c.cfg), NOW)
     assert first == second
-
-
-def _report(
-    findings: list[Finding], verdict: Verdict = Verdict.FAULTY, action: Action = Action.NONE
-) -> NodeReport:
-    at = datetime.fromtimestamp(NOW, UTC)
-    return NodeReport(
-        node="node2",
-        agent_id="a",
-        seq=1,
-        generated_at=at,
-        verdict=verdict,
-        action=action,
-        results=[ProbeResult(probe="gpu", status=Status.FAIL, findings=findings, at=at)],
-    )
-
-
-def test_faults_from_report_takes_fail_and_warn_findings() -> None:
-    report = _report(
-        [
-            Finding(
-                component="gpu0",
-                code="xid79",
-                status=Status.FAIL,
-                action=Action.REBOOT,
-                urgent=True,
-                message="fell off",
-            ),
-            Finding(component="gpu1", code="xid13", status=Status.WARN),
-            Finding(
-                component="gpu2", code="probe_crash", status=Status.UNKNOWN, action=Action.REPLACE
-            ),
-            Finding(component="gpu3", code="ok", status=Status.OK, action=Action.REPLACE),
-        ]
-    )
-    faults = {(f.component, f.code): f for f in faults_from_report(report, config().policy)}
-    assert set(faults) == {("gpu0", "xid79"), ("gpu1", "xid13")}
-    assert faults[("gpu0", "xid79")].action == "REBOOT" and faults[("gpu0", "xid79")].urgent
-    assert faults[("gpu1", "xid13")].action == "MONITOR"
-
-
-def test_faults_from_report_applies_overrides() -> None:
-    report = _report(
-        [Finding(component="gpu0", code="xid63", status=Status.FAIL, action=Action.MONITOR)]
-    )
-    cfg = config(policy={"fault_overrides": {"xid63": {"action": "REBOOT", "urgent": True}}})
-    [f] = faults_from_report(report, cfg.policy)
-    assert (f.action, f.urgent) == ("REBOOT", True)
-
-
-def test_faulty_verdict_without_findings_is_still_a_fault() -> None:
-    report = replace_report(_report([], action=Action.REPLACE))
-    [f] = faults_from_report(report, config().policy)
-    assert (f.component, f.code, f.action) == ("node", "faulty", "REPLACE")
-
-
-def test_unknown_only_report_yields_no_fault() -> None:
-    report = _report(
-        [Finding(component="gpu0", code="nvml", status=Status.UNKNOWN)], verdict=Verdict.DEGRADED
-    )
-    assert faults_from_report(report, config().policy) == []
-
-
-def replace_report(report: NodeReport) -> NodeReport:
-    return report.model_copy(update={"results": []})
 
 
 def test_node_dataclass_replace_helper_sanity() -> None:

@@ -38,19 +38,21 @@ def test_local_provider_runs_the_harness_node_reboot(tmp_path: Path) -> None:
     ]
 
 
-def test_spare_pool_picks_a_responding_spare_in_the_same_partition() -> None:
+def test_spare_pool_confirms_the_spare_the_policy_promised() -> None:
     nodes = {
         "a1": node("a1", partitions=("a",)),
-        "s0": node("s0", flags=("DRAIN",), reason=SPARE, partitions=("b",)),
         "s1": node("s1", flags=("DRAIN", "NOT_RESPONDING"), reason=SPARE, partitions=("a",)),
         "s2": node("s2", flags=("DRAIN",), reason=SPARE, partitions=("a", "b")),
         "s3": node("s3", flags=("DRAIN",), reason="maintenance", partitions=("a",)),
     }
     provider = SparePoolProvider(FakeSlurm(nodes))
-    assert provider.prepare("a1", nodes) == {"spare": "s2"}
-    nodes.pop("s2")
-    with pytest.raises(ProviderError, match="no responding spare"):
-        provider.prepare("a1", nodes)
+    assert provider.prepare("a1", nodes, {"spare": "s2"}) == {"spare": "s2"}
+    # The provider never picks a spare itself: only the policy knows which are healthy.
+    with pytest.raises(ProviderError, match="no spare ready in partitions a .s1: x. for a1"):
+        provider.prepare("a1", nodes, {"no_spare": "no spare ready in partitions a (s1: x)"})
+    for gone in ("s1", "s3", "nowhere"):  # not responding, not a spare, not in Slurm
+        with pytest.raises(ProviderError, match=f"spare {gone} is no longer a responding spare"):
+            provider.prepare("a1", nodes, {"spare": gone})
 
 
 def test_spare_pool_poll() -> None:

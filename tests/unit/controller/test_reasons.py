@@ -95,3 +95,56 @@ def test_admin_requests_are_parsed_tolerantly(reason: str, verb: Verb | None) ->
 def test_control_characters_never_reach_slurm() -> None:
     text = format_reason(Verb.HOLD, "admin", "request", "bad\x01\x1b[31mred\x7f")
     assert text == "hyperpod:hold admin request bad [31mred"
+
+
+# -- who owns a node ---------------------------------------------------------------
+from hyperpod_agent.controller.reasons import Owner, owner_of  # noqa: E402
+from hyperpod_agent.slurm.models import Node  # noqa: E402
+
+
+def _drained(reason: str, user: str = "slurm", state: str = "IDLE") -> Node:
+    return Node("n1", state, frozenset({"DRAIN"}), reason=reason, reason_user=user)
+
+
+@pytest.mark.parametrize(
+    ("reason", "user", "expected"),
+    [
+        ("hyperpod:reboot gpu0 xid79 lost", "root", Owner.US),
+        ("hyperpod:spare", "root", Owner.SPARE),
+        ("Action:Replace", "root", Owner.REQUEST),
+        (" action : reboot ", "alice", Owner.REQUEST),
+        ("Not responding", "slurm", Owner.SLURM),
+        ("Node unexpectedly rebooted", "slurm", Owner.SLURM),
+        ("reboot timed out", "slurm", Owner.SLURM),
+        ("Not responding", "", Owner.SLURM),  # Slurm always names a user; unknown is not a human
+        # Slurm's texts are matched whole, never as a prefix: these are humans' notes.
+        ("Not responding to IPMI - RMA 1234, keep out", "slurm", Owner.OTHER),
+        ("Node unexpectedly rebooted - investigating, keep out", "slurm", Owner.OTHER),
+        ("not responding", "slurm", Owner.OTHER),
+        ("maintenance : reboot timed out", "slurm", Owner.OTHER),
+        # Slurm's text written by somebody else is that somebody's.
+        ("Not responding", "alice", Owner.OTHER),
+        ("maintenance", "root", Owner.OTHER),
+        ("NHC: check_fs_mount: /scratch not mounted", "root", Owner.OTHER),
+        ("", "root", Owner.OTHER),  # out of service for no stated reason: not ours either
+    ],
+)
+def test_owner_of_drained_node(reason: str, user: str, expected: Owner) -> None:
+    assert owner_of(_drained(reason, user), ("slurm",)) is expected
+
+
+def test_owner_of_down_node_with_slurm_reason() -> None:
+    down = Node("n1", "DOWN", frozenset({"NOT_RESPONDING"}), "Not responding", "slurm")
+    assert owner_of(down, ("slurm",)) is Owner.SLURM
+
+
+def test_a_node_in_service_has_no_owner() -> None:
+    assert owner_of(Node("n1", "IDLE"), ("slurm",)) is Owner.NONE
+    # A stale reason on a node in service does not make it anybody's.
+    assert owner_of(Node("n1", "MIXED", reason="maintenance"), ("slurm",)) is Owner.NONE
+
+
+def test_slurm_user_is_configurable() -> None:
+    node = _drained("Not responding", "root")
+    assert owner_of(node, ("slurm",)) is Owner.OTHER
+    assert owner_of(node, ("root",)) is Owner.SLURM

@@ -193,7 +193,8 @@ def test_spare_pool_promises_each_spare_once() -> None:
     nodes = cluster(2)
     nodes["node8"] = node("node8", flags=DRAINED, reason="hyperpod:spare", partitions=("b",))
     nodes["node9"] = node("node9", flags=DRAINED, reason="hyperpod:spare")
-    pool = SparePool(nodes)
+    snap = Snapshot(nodes=nodes, health={n: healthy() for n in nodes})
+    pool = SparePool(snap, config().policy, NOW)
     assert pool.take(nodes["node1"]) == "node9"
     assert pool.take(nodes["node2"]) is None
     assert pool.take(node("x", partitions=("b",))) == "node8"

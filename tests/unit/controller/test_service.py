@@ -14,7 +14,15 @@ from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store import Store
-from hyperpod_agent.health import Action, Finding, NodeReport, ProbeResult, Status, Verdict
+from hyperpod_agent.health import (
+    Action,
+    FaultRef,
+    Finding,
+    NodeReport,
+    ProbeResult,
+    Status,
+    Verdict,
+)
 
 
 class Clock:
@@ -33,7 +41,8 @@ def make(
 ) -> tuple[Controller, Clock]:
     clock = Clock()
     ctl = Controller(
-        cfg or config(),
+        # Act on a fault at once: the shared-cause wait has tests of its own.
+        cfg or config(policy={"shared_cause_window_s": 0}),
         Store(tmp / "s.db"),
         slurm,
         SparePoolProvider(slurm),
@@ -77,6 +86,7 @@ def report(
                 probe="gpu", status=Status.FAIL if faulty else Status.OK, findings=findings, at=ts
             )
         ],
+        confirmed=[FaultRef(probe="gpu", component=f.component, code=f.code) for f in findings],
         jobs_opted_in=opted or {},
     )
 
@@ -224,6 +234,7 @@ def test_restart_after_crash_between_intent_and_apply_drains_once(tmp_path: Path
             generated_at=ts,
             verdict=Verdict.FAULTY,
             results=[ProbeResult(probe="gpu", status=Status.FAIL, findings=[f], at=ts)],
+            confirmed=[FaultRef(probe="gpu", component="gpu0", code="xid46")],
         )
     )
     with pytest.raises(Crash):
@@ -239,12 +250,13 @@ def test_restart_after_crash_between_intent_and_apply_drains_once(tmp_path: Path
 
 
 def test_odd_but_valid_reports_never_break_a_pass(tmp_path: Path) -> None:
-    slurm = FakeSlurm(cluster(3), [job(2**40, auto_resume=None, nodes=("node1",))])
+    big = 2**32 - 1  # the largest job id Slurm can give
+    slurm = FakeSlurm(cluster(3), [job(big, auto_resume=None, nodes=("node1",))])
     ctl, clock = make(tmp_path, slurm)
     ctl.ingest_report(
-        report("node1", 1, clock.t, faulty=True, urgent=True, opted={2**40: 2**70, 2**62: 5})
+        report("node1", 1, clock.t, faulty=True, urgent=True, opted={big: 100_000, 1: 5})
     )
     ctl.ingest_report(report("ghost", 1, clock.t, faulty=True))  # not in Slurm
     assert ctl.reconcile_once() is not None
-    tracked = ctl.store.job(2**40)
+    tracked = ctl.store.job(big)
     assert tracked is not None and tracked.cap == 1000

@@ -38,7 +38,7 @@ def test_migrates_an_older_database_keeping_its_data(tmp_path: Path) -> None:
     old._db.execute("INSERT INTO nodes (name, verdict) VALUES ('node1', 'healthy')")
     old.close()
     store = Store(path)
-    assert store.schema_version() == 2
+    assert store.schema_version() == len(MIGRATIONS)
     row = store.node_row("node1")
     assert row is not None and row.verdict == "healthy" and row.jobs_opted_in == "{}"
 

@@ -1,0 +1,181 @@
+"""How far automation may go in one pass: shared causes and the blast radius. Pure.
+
+Two rules stand between the node rules and Slurm (DESIGN §7):
+
+- **Shared cause.** The same fault code confirmed on ``shared_cause_min_nodes`` nodes
+  within ``shared_cause_window_s`` of each other is one cause (a hung filesystem, a
+  switch, a bad probe), not many broken nodes: none of them is taken out for it. A
+  non-urgent fault waits that window before its take-out, so the burst is seen before
+  the first node leaves; an urgent one is acted on at once.
+- **Blast radius**, per partition: nodes unavailable (drained by anyone, down, not
+  responding) plus new take-outs may not exceed ``max_unhealthy_fraction`` of the
+  partition. A partition over its limit takes out nothing new in this pass (incident
+  mode); other partitions are not affected. A node held for repair whose spare came in
+  no longer counts: the spare took its place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from hyperpod_agent.controller.config import PolicyConfig
+from hyperpod_agent.controller.reasons import SPARE, Verb, parse_reason
+from hyperpod_agent.controller.snapshot import PlannedAction, PlannedEvent, Snapshot
+from hyperpod_agent.controller.store_rows import FaultRow
+from hyperpod_agent.health import Action
+from hyperpod_agent.slurm.models import Node
+
+
+def counted(action: PlannedAction) -> bool:
+    """Does the action take capacity out (subject to these limits)? Admin requests are
+    exempt; a replacement with a spare promised is capacity for capacity."""
+    return action.takes_out and not action.admin and not action.params.get("spare")
+
+
+def _burst(fault: FaultRow, faults: Iterable[FaultRow], window: float) -> set[str]:
+    return {
+        f.node
+        for f in faults
+        if f.code == fault.code
+        and Action(f.action).rank >= Action.RESET.rank
+        and abs(f.first_seen - fault.first_seen) <= window
+    }
+
+
+def shared_causes(
+    planned: Sequence[PlannedAction],
+    open_faults: Sequence[FaultRow],
+    policy: PolicyConfig,
+    now: float,
+) -> tuple[list[PlannedAction], list[PlannedEvent]]:
+    """Drop take-outs for a shared cause, and non-urgent ones still in the window."""
+    window = policy.shared_cause_window_s
+    if window <= 0:
+        return list(planned), []  # switched off
+    by_id = {f.id: f for f in open_faults}
+    kept: list[PlannedAction] = []
+    shared: dict[str, set[str]] = defaultdict(set)
+    for action in planned:
+        fault = by_id.get(int(action.params.get("fault_id", -1)))
+        if fault is None or not counted(action):
+            kept.append(action)
+            continue
+        burst = _burst(fault, open_faults, window)
+        if len(burst) >= policy.shared_cause_min_nodes:
+            shared[fault.code] |= burst
+        elif action.urgent or now - fault.first_seen >= window:
+            kept.append(action)
+        # else: too young to tell whether others share it; the next pass looks again
+    events = [
+        PlannedEvent(
+            "shared_cause",
+            f"shared cause: {code} on {len(nodes)} nodes within {window:g} s "
+            f"({', '.join(sorted(nodes))}); taking none of them out",
+            cause=f"{code} on {len(nodes)} nodes",
+        )
+        for code, nodes in sorted(shared.items())
+    ]
+    return kept, events
+
+
+def unavailable(node: Node, replaced: Collection[str]) -> bool:
+    """Out of service for any reason, unless it is held for repair under our replace
+    reason and its spare came in."""
+    if not (node.drained or not node.responding):
+        return False
+    ours = parse_reason(node.reason)
+    return not (node.name in replaced and ours is not None and ours.verb is Verb.REPLACE)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The per-partition outcome of :func:`limit_take_outs`."""
+
+    allowed: list[PlannedAction]
+    events: list[PlannedEvent]
+    over: dict[str, str]  # partition -> why it is over its limit
+
+    @property
+    def incident(self) -> bool:
+        return bool(self.over)
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.over[p] for p in sorted(self.over))
+
+
+def _members(nodes: Mapping[str, Node]) -> dict[str, list[Node]]:
+    members: dict[str, list[Node]] = defaultdict(list)
+    for node in nodes.values():
+        if node.reason.strip() == SPARE:
+            continue  # the pool is capacity in waiting, not part of the partition's share
+        for part in node.partitions:
+            members[part].append(node)
+    return members
+
+
+def allowed_out(policy: PolicyConfig, size: int) -> int:
+    """How many of a partition's ``size`` nodes may be unavailable."""
+    return max(policy.min_unhealthy_nodes, math.floor(policy.max_unhealthy_fraction * size))
+
+
+def limit_take_outs(
+    snap: Snapshot, policy: PolicyConfig, planned: Sequence[PlannedAction]
+) -> Limits:
+    """Keep the take-outs each partition can afford; drop all of an over partition's."""
+    members = _members(snap.nodes)
+    out = {
+        part: sum(1 for n in nodes if unavailable(n, snap.replaced))
+        for part, nodes in members.items()
+    }
+    # A node already unavailable loses no capacity by being taken out (again).
+    new = {
+        str(a.node)
+        for a in planned
+        if counted(a)
+        and a.node in snap.nodes
+        and not unavailable(snap.nodes[str(a.node)], snap.replaced)
+    }
+    over: dict[str, str] = {}
+    while True:
+        adding: dict[str, list[str]] = defaultdict(list)
+        for name in sorted(new):
+            for part in snap.nodes[name].partitions:
+                if part in members:
+                    adding[part].append(name)
+        newly = {
+            part: names
+            for part, names in adding.items()
+            if out[part] + len(names) > allowed_out(policy, len(members[part]))
+        }
+        if not newly:
+            break
+        for part, names in newly.items():
+            limit = allowed_out(policy, len(members[part]))
+            over[part] = (
+                f"partition {part}: {out[part]} node(s) unavailable and {len(names)} more "
+                f"faulty of {len(members[part])}; limit {limit} (max_unhealthy_fraction "
+                f"{policy.max_unhealthy_fraction:g})"
+            )
+            new -= set(names)
+    dropped = {
+        str(a.node)
+        for a in planned
+        if counted(a) and a.node in snap.nodes and str(a.node) not in new
+        if not unavailable(snap.nodes[str(a.node)], snap.replaced)
+    }
+    events = []
+    if over:
+        why = "; ".join(over[p] for p in sorted(over))
+        events.append(
+            PlannedEvent(
+                "incident",
+                f"incident mode: {why}; not taking out {', '.join(sorted(dropped))}",
+                cause=why,
+            )
+        )
+    allowed = [a for a in planned if not (counted(a) and str(a.node) in dropped)]
+    return Limits(allowed, events, over)
