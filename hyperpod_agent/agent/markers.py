@@ -8,21 +8,25 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 MAX_MARKERS = 256  # a report carries at most this many (newest first)
+# A Slurm job id: ASCII digits only ("²".isdigit() is true, and int() refuses it).
+JOB_NAME = re.compile(r"[1-9][0-9]{0,9}")
+MAX_JOB_ID = 2**32 - 1
 
 
 def parse_marker(text: str) -> tuple[int, str] | None:
     """(cap, node) from a marker's text; None if it is not one of ours."""
     fields = dict(f.partition("=")[::2] for f in text.split() if "=" in f)
-    try:
-        cap = int(fields["auto_resume"])
-    except (KeyError, ValueError):
+    value = fields.get("auto_resume", "")
+    if not re.fullmatch(r"[0-9]{1,6}", value):
         return None
+    cap = int(value)
     if not 0 <= cap <= 100_000:
         return None
     return cap, fields.get("node", "")
@@ -52,7 +56,7 @@ class MarkerReader:
         now = time.time()
         with os.scandir(self.directory) as entries:
             for entry in entries:
-                if not entry.name.isdigit() or not entry.is_file(follow_symlinks=False):
+                if not JOB_NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
                     continue
                 try:
                     age = now - entry.stat().st_mtime
@@ -66,7 +70,8 @@ class MarkerReader:
                     continue
                 if parsed is None or (parsed[1] and parsed[1] != self.node):
                     continue
-                found.append((-age, int(entry.name), parsed[0]))
+                if int(entry.name) <= MAX_JOB_ID:
+                    found.append((-age, int(entry.name), parsed[0]))
         found.sort(reverse=True)
         self._jobs = {job: cap for _, job, cap in found[:MAX_MARKERS]}
         return dict(self._jobs)

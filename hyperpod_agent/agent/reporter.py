@@ -6,7 +6,8 @@ report when it changed (verdict, action, findings, opted-in jobs), a small heart
 every ``heartbeat_interval_s`` otherwise, and retries with bounded exponential back-off
 and jitter. If the controller stays unreachable for ``self_drain_after_s`` while the
 node has an urgent fault, the agent drains its own node with an owned reason, so a
-controller outage never hides a dead GPU (DESIGN §1).
+controller outage never hides a dead GPU (DESIGN §1; the rules are in selfdrain.py).
+A controller that answers, even with an error, is reachable.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from hyperpod_agent.agent.selfdrain import NodeSlurm, SelfDrain
 from hyperpod_agent.auth import AuthConfig, AuthError, ClientAuth
 from hyperpod_agent.client import (
     ControllerClient,
@@ -29,13 +31,10 @@ from hyperpod_agent.client import (
     ControllerUnreachable,
     check_url,
 )
-from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.errors import ConfigError
-from hyperpod_agent.health import Action, NodeReport, Verdict
+from hyperpod_agent.health import NodeReport, Verdict
 
 log = logging.getLogger(__name__)
-
-Drainer = Callable[[str, str], None]
 
 
 class ReporterConfig(BaseModel):
@@ -52,6 +51,14 @@ class ReporterConfig(BaseModel):
     backoff_jitter: float = Field(default=0.2, ge=0, le=1, description="+- fraction")
     self_drain: bool = True
     self_drain_after_s: float = Field(default=120.0, gt=0)
+    self_drain_min_interval_s: float = Field(
+        default=600.0, ge=0, description="at most one self-drain per this many seconds"
+    )
+    slurm_user: str = Field(
+        default="slurm",
+        min_length=1,
+        description="slurm.conf's SlurmUser: reasons Slurm writes carry this user",
+    )
     slurm_conf: Path | None = None
     slurm_timeout_s: float = Field(default=10.0, gt=0, le=300)
     ca_file: Path | None = None
@@ -99,27 +106,10 @@ def fingerprint(report: NodeReport) -> tuple[Any, ...]:
     )
 
 
-def self_drain_reason(report: NodeReport) -> tuple[str, str]:
-    """(fault key, Slurm reason) for the most serious urgent finding of ``report``."""
-    findings = [f for r in report.results for f in r.findings if f.urgent]
-    action, component, code, message = report.action, "node", "fault", report.message
-    if findings:
-        worst = max(findings, key=lambda f: f.action.rank)
-        action, component, code, message = worst.action, worst.component, worst.code, worst.message
-    verb = {Action.RESET: Verb.RESET, Action.REBOOT: Verb.REBOOT, Action.REPLACE: Verb.REPLACE}
-    reason = format_reason(verb.get(action, Verb.DRAIN), component, code, message)
-    return f"{component} {code}", reason
+def _slurm(config: ReporterConfig) -> NodeSlurm:
+    from hyperpod_agent.slurm.client import SlurmClient
 
-
-def _slurm_drainer(config: ReporterConfig) -> Drainer:
-    def drain(node: str, reason: str) -> None:
-        from hyperpod_agent.slurm.client import SlurmClient
-
-        SlurmClient(slurm_conf=config.slurm_conf, timeout=config.slurm_timeout_s).drain(
-            node, reason
-        )
-
-    return drain
+    return SlurmClient(slurm_conf=config.slurm_conf, timeout=config.slurm_timeout_s)
 
 
 class Reporter:
@@ -130,14 +120,22 @@ class Reporter:
         config: ReporterConfig,
         node: str,
         *,
-        drainer: Drainer | None = None,
+        slurm: NodeSlurm | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.node = node
         self.enabled = bool(config.url)
-        self._drain = drainer or _slurm_drainer(config)
+        self._self_drain = SelfDrain(
+            node,
+            slurm or _slurm(config),
+            enabled=config.self_drain,
+            after_s=config.self_drain_after_s,
+            min_interval_s=config.self_drain_min_interval_s,
+            retry_s=config.backoff_max_s,
+            slurm_user=config.slurm_user,
+        )
         self._clock = clock
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
@@ -151,8 +149,6 @@ class Reporter:
         self._retry_at = 0.0
         self._attempt = 0
         self._down_since: float | None = None
-        self._drained: set[str] = set()
-        self._drain_next = 0.0
         self._state = "starting"
         self._thread: threading.Thread | None = None
         if not self.enabled:
@@ -200,7 +196,7 @@ class Reporter:
                 # The loop must outlive any bug in one step; log it and go on slowly.
                 log.exception("reporter step failed")
                 self._retry_at = now + self.config.backoff_max_s
-                self._drain_next = now + self.config.backoff_max_s
+                self._self_drain.failed_step(now)
                 delay = self.config.backoff_max_s
             self._wake.wait(delay if report is not None else None)
             self._wake.clear()
@@ -213,32 +209,19 @@ class Reporter:
             due = max(due, now)
         else:
             due = max(due, self._last_send + self.config.heartbeat_interval_s)
-        drain_at = self._self_drain_due(report)
+        drain_at = self._self_drain.due(report, self._down_since)
         return min(due, drain_at) if drain_at is not None else due
-
-    def _self_drain_due(self, report: NodeReport) -> float | None:
-        if not self._may_self_drain(report) or self._down_since is None:
-            return None
-        return max(self._down_since + self.config.self_drain_after_s, self._drain_next)
-
-    def _may_self_drain(self, report: NodeReport) -> bool:
-        return (
-            self.config.self_drain
-            and report.urgent
-            and report.verdict == Verdict.FAULTY
-            and self_drain_reason(report)[0] not in self._drained
-        )
 
     def _step(self, report: NodeReport | None, now: float) -> None:
         if report is None:
             return
         if report.verdict != Verdict.FAULTY:
-            self._drained.clear()
+            self._self_drain.healthy_again()
         if now >= self._retry_at:
             self._send(report, now)
-        due = self._self_drain_due(report)
+        due = self._self_drain.due(report, self._down_since)
         if due is not None and now >= due:
-            self._self_drain(report, now)
+            self._self_drain.run(report, now, now - (self._down_since or now))
 
     def _send(self, report: NodeReport, now: float) -> None:
         fp = fingerprint(report)
@@ -253,7 +236,10 @@ class Reporter:
                 return
         except ControllerError as exc:
             if exc.retryable:
+                # It answered: it is up and deciding (a 503 may be its munged); try
+                # again later, but this is no outage to self-drain for.
                 self._failed(now, str(exc))
+                self._down_since = None
                 return
             # The controller refused this report: sending it again at once would be
             # refused again; try the full report at the heartbeat cadence.
@@ -290,24 +276,6 @@ class Reporter:
         base = min(cfg.backoff_max_s, cfg.backoff_initial_s * 2.0 ** min(self._attempt, 30))
         spread = base * cfg.backoff_jitter
         return max(0.0, min(cfg.backoff_max_s, base + self._rng.uniform(-spread, spread)))
-
-    def _self_drain(self, report: NodeReport, now: float) -> None:
-        key, reason = self_drain_reason(report)
-        down = now - (self._down_since or now)
-        try:
-            self._drain(self.node, reason)
-        except Exception as exc:
-            # Includes a missing or broken Slurm client: never let it stop reporting.
-            self._drain_next = now + self.config.backoff_max_s
-            log.error("self-drain of %s failed (%s); will retry: %s", self.node, reason, exc)
-            return
-        self._drained.add(key)
-        log.warning(
-            "controller unreachable for %.0f s with an urgent fault: drained %s (%s)",
-            down,
-            self.node,
-            reason,
-        )
 
     def _set_state(self, state: str, message: str) -> None:
         if state == self._state:

@@ -1,9 +1,12 @@
 """The executor: the only code that applies the policy's plan to Slurm.
 
-Every action goes intent (committed, fsynced) -> apply -> done/failed. Open intents
-are reconciled with Slurm's actual state before anything else on every pass, and so
-on start-up: an intent already visible in Slurm is marked done, one that is not is
-applied once. A crash between intent and apply therefore yields exactly one action.
+Every action goes intent (committed, fsynced) -> apply -> done/failed/abandoned. Open
+intents are reconciled with Slurm's actual state before anything else on every pass,
+and so on start-up: an intent already visible in Slurm is marked done, one that is not
+is applied once, after re-reading its node (``intents.changed_hands``) and only while
+it is young enough. An action's state, the job accounting it implies and its event are
+written in one transaction, so a crash at any point yields one action, counted once,
+told once.
 """
 
 from __future__ import annotations
@@ -11,10 +14,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
-from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller import intents, metrics
 from hyperpod_agent.controller.config import ControllerConfig
-from hyperpod_agent.controller.policy import REBOOT_FLAGS
 from hyperpod_agent.controller.providers.base import (
     Provider,
     ProviderError,
@@ -23,19 +26,23 @@ from hyperpod_agent.controller.providers.base import (
 )
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
 from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_rows import ActionRow, TrackedJob
+from hyperpod_agent.controller.store_rows import ActionRow, EventIn, TrackedJob
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.models import Job, Node
 
 log = logging.getLogger(__name__)
 
-# Test-only hook: exit abruptly right after an intent is committed, to prove that the
-# restart applies it exactly once. Never set in production.
+# Test-only hooks: exit abruptly at a point of an action, to prove that a restart
+# completes it exactly once. Never set in production. CRASH_AT names the point:
+# "intent" (committed, not applied) or "applied" (Slurm changed, not yet recorded).
 CRASH_ENV = "HYPERPOD_TEST_CRASH_AFTER_INTENT"
+CRASH_AT_ENV = "HYPERPOD_TEST_CRASH_AT"
 # Flap damping: these are not repeated on the same node within ``policy.cooldown_s``.
 # Drains are never delayed: a faulty node must leave service at once.
 COOLDOWN_KINDS = (Kind.RESUME.value, Kind.REBOOT.value, Kind.REPLACE.value)
 TAKE_OUT_KINDS = (Kind.DRAIN.value, Kind.HOLD.value, Kind.REBOOT.value, Kind.REPLACE.value)
+
+Keepalive = Callable[[], None]
 
 
 class Executor:
@@ -47,13 +54,15 @@ class Executor:
         slurm: SlurmApi,
         provider: Provider,
         config: ControllerConfig,
-        crash_hook: Callable[[], None] | None = None,
+        crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         self.slurm = slurm
         self.provider = provider
         self.config = config
         self._crash_hook = crash_hook if crash_hook is not None else _crash_from_env
+        # Called while a long provider command runs (the systemd watchdog ping).
+        self.keepalive: Keepalive | None = None
 
     # -- the plan -------------------------------------------------------------------
     def execute(
@@ -78,6 +87,10 @@ class Executor:
                 metrics.ACTIONS.labels(pa.kind.value, "dry_run").inc()
                 continue
             params = dict(pa.params)
+            if pa.node is not None and pa.node in nodes:
+                # What the node looked like when planned: the intent applies only while
+                # it still does (intents.changed_hands).
+                params.setdefault("seen_reason", nodes[pa.node].reason)
             kind = pa.kind
             if kind is Kind.REPLACE:
                 try:
@@ -99,10 +112,10 @@ class Executor:
             aid = self.store.add_action(
                 kind.value, pa.node, pa.job_id, pa.reason, pa.cause, now, params
             )
-            self._crash_hook()
+            self._crash_hook("intent")
             row = self.store.action(aid)
             assert row is not None
-            self._apply(row, nodes, now)
+            self._apply(row, now)
             ids.append(aid)
         return ids
 
@@ -123,20 +136,13 @@ class Executor:
         state, kind = (
             ("exhausted", "budget_spent") if pa.kind is Kind.EXHAUST else ("failed", "not_requeued")
         )
+        message = f"job {pa.job_id}: not requeued: {pa.cause}"
         self.store.upsert_job(
-            TrackedJob(
-                old.job_id,
-                old.cap,
-                old.attempts,
-                pa.cause,
-                state,
-                old.last_requeue_at,
-                old.acted_restart_count,
-                old.resumed_from_step,
-                now,
-            )
+            replace(old, last_cause=pa.cause, state=state, updated_at=now),
+            [EventIn(kind, message, pa.node, pa.job_id, pa.cause)],
+            now,
         )
-        self._event(kind, f"job {pa.job_id}: not requeued: {pa.cause}", pa, now)
+        log.info("%s", message)
 
     # -- open intents ---------------------------------------------------------------
     def process_open(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
@@ -151,17 +157,40 @@ class Executor:
             if row.state == "applied":
                 applied += self._poll(row, nodes, now)
             elif row.next_attempt_at <= now:
-                if _already_applied(row, nodes, by_id):
-                    self.store.update_action(row.id, "done", now)
-                    self._record_done(row, now, "found already applied in Slurm")
+                if intents.already_applied(row, nodes, by_id):
+                    self._done(row, now, "found already applied in Slurm")
+                    continue
+                why = intents.too_old(row, now, self.config.policy.intent_max_age_s)
+                if why is not None:
+                    self._abandon(row, why, now)
                     continue
                 if self.config.policy.dry_run:
                     continue
-                self._apply(row, nodes, now)
+                self._apply(row, now)
                 applied += 1
         return applied
 
-    def _apply(self, row: ActionRow, nodes: Mapping[str, Node], now: float) -> None:
+    def _still_planned(self, row: ActionRow, now: float) -> bool:
+        """Re-read the intent's node; abandon the intent if it changed hands."""
+        if not intents.touches_node(row):
+            return True
+        try:
+            current = self.slurm.node(str(row.node))
+        except SlurmError as exc:
+            if f"unknown node {row.node}" in str(exc):
+                self._abandon(row, "the node is no longer in Slurm", now)
+            else:
+                self._failed_attempt(row, f"re-reading {row.node}: {exc}", now)
+            return False
+        why = intents.changed_hands(row, current, (self.config.slurm_user,))
+        if why is not None:
+            self._abandon(row, why, now)
+            return False
+        return True
+
+    def _apply(self, row: ActionRow, now: float) -> None:
+        if not self._still_planned(row, now):
+            return
         try:
             if row.kind in (Kind.DRAIN.value, Kind.HOLD.value):
                 self.slurm.drain(str(row.node), row.reason)
@@ -172,30 +201,41 @@ class Executor:
             elif row.kind == Kind.REQUEUE.value:
                 assert row.job_id is not None
                 self.slurm.requeue(row.job_id)
-                self._track_requeue(row, now)
             elif row.kind == Kind.REPLACE.value:
-                handle = self.provider.replace(str(row.node), row.reason, row.params, now)
-                self.store.update_action(
-                    row.id,
-                    "applied",
-                    now,
-                    attempts=row.attempts + 1,
-                    params={**row.params, "handle": handle},
-                )
-                self._event_row(
-                    "replace_started",
-                    f"replace {row.node} via {self.provider.name}: {row.cause}",
-                    row,
-                    now,
-                )
+                self._replace(row, now)
                 return
             else:
                 raise ProviderError(f"unknown action kind {row.kind!r}")
         except (SlurmError, ProviderError) as exc:
             self._failed_attempt(row, str(exc), now)
             return
-        self.store.update_action(row.id, "done", now, attempts=row.attempts + 1)
-        self._record_done(row, now)
+        self._crash_hook("applied")
+        self._done(row, now, counts_attempt=True)
+
+    def _replace(self, row: ActionRow, now: float) -> None:
+        """Start a replacement. A provider that must not run twice (an admin command)
+        is recorded as started first: a controller killed while it runs polls for the
+        node afterwards and never runs it again."""
+        params = {**row.params, "action_id": row.id}
+        if self.provider.runs_once:
+            started = {"started_at": now, "interrupted": True, "node": row.node}
+            self.store.update_action(row.id, "applied", now, params={**params, "handle": started})
+        try:
+            handle = self.provider.replace(str(row.node), row.reason, params, now, self.keepalive)
+        except (SlurmError, ProviderError) as exc:
+            self._failed_attempt(row, str(exc), now)
+            return
+        self._crash_hook("applied")
+        message = f"replace {row.node} via {self.provider.name}: {row.cause}"
+        self.store.update_action(
+            row.id,
+            "applied",
+            now,
+            attempts=row.attempts + 1,
+            params={**params, "handle": handle},
+            events=[EventIn("replace_started", message, row.node, row.job_id, row.cause)],
+        )
+        log.info("%s", message)
 
     def _poll(self, row: ActionRow, nodes: Mapping[str, Node], now: float) -> int:
         handle = row.params.get("handle", {})
@@ -206,11 +246,25 @@ class Executor:
             else:
                 return 0
         if status is ReplaceStatus.FAILED:
-            self.store.update_action(row.id, "failed", now, error="replacement did not complete")
-            metrics.ACTIONS.labels(row.kind, "failed").inc()
-            self._event_row(
-                "action_failed", f"replace {row.node}: replacement did not complete", row, now
+            why = "replacement did not complete"
+            if handle.get("interrupted"):
+                why += " (the controller stopped while its command ran; not run again)"
+            self.store.update_action(
+                row.id,
+                "failed",
+                now,
+                error=why,
+                events=[
+                    EventIn(
+                        "action_failed",
+                        f"replace {row.node}: {why}",
+                        row.node,
+                        row.job_id,
+                        row.cause,
+                    )
+                ],
             )
+            metrics.ACTIONS.labels(row.kind, "failed").inc()
             return 0
         if self.provider.resumes_node:
             try:
@@ -218,22 +272,24 @@ class Executor:
             except SlurmError as exc:
                 log.warning("resume %s after replacement: %s (retrying)", row.node, exc)
                 return 0
-        self.store.update_action(row.id, "done", now)
-        self._record_done(row, now)
+        self._done(row, now)
         return 1
 
     def _failed_attempt(self, row: ActionRow, error: str, now: float) -> None:
         attempts = row.attempts + 1
         policy = self.config.policy
         if attempts >= policy.max_attempts:
-            self.store.update_action(row.id, "failed", now, attempts=attempts, error=error)
-            metrics.ACTIONS.labels(row.kind, "failed").inc()
-            self._event_row(
-                "action_failed",
-                f"{row.kind} {_row_target(row)} failed after {attempts} attempts: {error}",
-                row,
+            message = f"{row.kind} {_row_target(row)} failed after {attempts} attempts: {error}"
+            self.store.update_action(
+                row.id,
+                "failed",
                 now,
+                attempts=attempts,
+                error=error,
+                events=[EventIn("action_failed", message, row.node, row.job_id, row.cause)],
             )
+            metrics.ACTIONS.labels(row.kind, "failed").inc()
+            log.info("%s", message)
             return
         delay = policy.retry_backoff_s * 2 ** (attempts - 1)
         self.store.update_action(
@@ -249,65 +305,63 @@ class Executor:
             error,
         )
 
-    def _track_requeue(self, row: ActionRow, now: float) -> None:
+    def _abandon(self, row: ActionRow, why: str, now: float) -> None:
+        message = f"{row.kind} {_row_target(row)} abandoned: {why}"
+        self.store.update_action(
+            row.id,
+            "abandoned",
+            now,
+            error=why,
+            events=[EventIn("abandoned", message, row.node, row.job_id, row.cause)],
+        )
+        metrics.ACTIONS.labels(row.kind, "abandoned").inc()
+        log.warning("%s", message)
+
+    def _requeued(self, row: ActionRow, now: float) -> TrackedJob:
+        """The job's record once this requeue is done: one more attempt spent."""
         assert row.job_id is not None
         cap = int(row.params.get("cap", 0))
         old = self.store.job(row.job_id) or TrackedJob(row.job_id, cap)
-        self.store.upsert_job(
-            TrackedJob(
-                row.job_id,
-                cap or old.cap,
-                old.attempts + 1,
-                row.cause,
-                "requeued",
-                now,
-                int(row.params.get("restart_count", 0)),
-                old.resumed_from_step,
-                now,
-            )
+        return replace(
+            old,
+            cap=cap or old.cap,
+            attempts=old.attempts + 1,
+            last_cause=row.cause,
+            state="requeued",
+            last_requeue_at=now,
+            acted_restart_count=int(row.params.get("restart_count", 0)),
+            updated_at=now,
         )
-        metrics.REQUEUES.inc()
 
-    def _record_done(self, row: ActionRow, now: float, note: str = "") -> None:
-        metrics.ACTIONS.labels(row.kind, "done").inc()
-        first = row.params.get("fault_first_seen")
-        if row.kind in TAKE_OUT_KINDS and isinstance(first, int | float) and not note:
-            metrics.FAULT_TO_DRAIN.observe(max(0.0, now - float(first)))
-        if row.kind == Kind.REQUEUE.value and note:
-            self._track_requeue(row, now)
+    def _done(
+        self, row: ActionRow, now: float, note: str = "", counts_attempt: bool = False
+    ) -> None:
+        """Mark ``row`` done with its accounting and event, in one transaction."""
+        job = self._requeued(row, now) if row.kind == Kind.REQUEUE.value else None
         extra = f" ({note})" if note else ""
         if row.kind == Kind.REQUEUE.value and "attempt" in row.params:
             extra = f" (attempt {row.params['attempt']}/{row.params.get('cap', '?')}){extra}"
         reason = f" reason={row.reason!r}" if row.reason else ""
-        self._event_row(
-            row.kind, f"{row.kind} {_row_target(row)}{reason}: {row.cause}{extra}", row, now
+        message = f"{row.kind} {_row_target(row)}{reason}: {row.cause}{extra}"
+        self.store.update_action(
+            row.id,
+            "done",
+            now,
+            attempts=row.attempts + 1 if counts_attempt else None,
+            job=job,
+            events=[EventIn(row.kind, message, row.node, row.job_id, row.cause)],
         )
+        log.info("%s", message)
+        metrics.ACTIONS.labels(row.kind, "done").inc()
+        if job is not None:
+            metrics.REQUEUES.inc()
+        first = row.params.get("fault_first_seen")
+        if row.kind in TAKE_OUT_KINDS and isinstance(first, int | float) and not note:
+            metrics.FAULT_TO_DRAIN.observe(max(0.0, now - float(first)))
 
     def _event(self, kind: str, message: str, pa: PlannedAction, now: float) -> None:
         self.store.add_event(kind, message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
         log.info("%s", message)
-
-    def _event_row(self, kind: str, message: str, row: ActionRow, now: float) -> None:
-        self.store.add_event(kind, message, now, node=row.node, job_id=row.job_id, cause=row.cause)
-        log.info("%s", message)
-
-
-def _already_applied(row: ActionRow, nodes: Mapping[str, Node], jobs: Mapping[int, Job]) -> bool:
-    """Is the intent visible in Slurm already (applied before a crash)?"""
-    node = nodes.get(row.node or "")
-    if row.kind in (Kind.DRAIN.value, Kind.HOLD.value):
-        return node is not None and node.drained and node.reason.strip() == row.reason.strip()
-    if row.kind == Kind.RESUME.value:
-        return node is not None and not node.drained
-    if row.kind == Kind.REBOOT.value:
-        if node is None:
-            return False
-        rebooted = node.boot_time is not None and node.boot_time.timestamp() > row.created_at
-        return bool(node.flags & REBOOT_FLAGS) or rebooted
-    if row.kind == Kind.REQUEUE.value:
-        job = jobs.get(row.job_id or -1)
-        return job is not None and job.restart_count > int(row.params.get("restart_count", 0))
-    return False  # replace: the provider's replace() is idempotent for the same params
 
 
 def _target(pa: PlannedAction) -> str:
@@ -318,7 +372,8 @@ def _row_target(row: ActionRow) -> str:
     return f"job {row.job_id}" if row.job_id is not None else str(row.node)
 
 
-def _crash_from_env() -> None:
-    if os.environ.get(CRASH_ENV) == "1":
-        log.critical("%s=1: exiting right after committing an intent", CRASH_ENV)
+def _crash_from_env(point: str) -> None:
+    wanted = os.environ.get(CRASH_AT_ENV) or ("intent" if os.environ.get(CRASH_ENV) == "1" else "")
+    if wanted == point:
+        log.critical("%s=%s: exiting abruptly", CRASH_AT_ENV, point)
         os._exit(137)

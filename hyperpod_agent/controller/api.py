@@ -102,7 +102,7 @@ def _action(a: ActionRow) -> ActionOut:
 
 def _parse_since(value: str) -> tuple[int, float | None]:
     """``since`` as (event id, epoch seconds): a number is an id, else an ISO time."""
-    if value.isdigit():
+    if value.isascii() and value.isdigit():
         if int(value) > 2**62:
             raise RequestValidationError(
                 [{"loc": ("query", "since"), "msg": "event id too large", "type": "value_error"}]

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import socket
 import sys
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
@@ -41,10 +43,25 @@ def _lock_state(db: Path) -> None:
     _LOCKS.append(handle)  # held until the process exits
 
 
+def check_watchdog(config: ControllerConfig, environ: Mapping[str, str]) -> None:
+    """Refuse a provider command allowed to run as long as systemd's watchdog: a pass
+    stuck in it that long is a hung controller, whatever keeps the watchdog fed."""
+    usec = environ.get("WATCHDOG_USEC", "")
+    if not usec.isascii() or not usec.isdigit() or config.provider.kind == "spare_pool":
+        return
+    watchdog_s = int(usec) / 1e6
+    if config.provider.command_timeout_s >= watchdog_s:
+        raise ConfigError(
+            f"provider.command_timeout_s ({config.provider.command_timeout_s:g} s) must be "
+            f"below the service's WatchdogSec ({watchdog_s:g} s)"
+        )
+
+
 def build(config: ControllerConfig, config_path: Path | None) -> Controller:
     """Wire store, Slurm client and provider into a Controller."""
     from hyperpod_agent.slurm.client import SlurmClient
 
+    check_watchdog(config, os.environ)
     _lock_state(config.state_db)
     slurm = SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s)
     store = Store(config.state_db)

@@ -19,6 +19,7 @@ from hyperpod_agent.controller.resume_marker import (
 )
 from hyperpod_agent.controller.snapshot import Snapshot
 from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store_rows import EventIn
 from hyperpod_agent.slurm.models import Job
 
 log = logging.getLogger(__name__)
@@ -86,23 +87,22 @@ class JobWatch:
                 continue
             self._markers[job_id] = mtime
             try:
-                marker = parse_marker(read_marker(path), job_id)
+                self._read_marker(job_id, path, now)
             except (OSError, MarkerError) as exc:
                 log.warning("job %d: ignoring %s: %s", job_id, path, exc)
-                continue
-            current = self.store.job(job_id)
-            if current is None or current.resumed_from_step == marker.step:
-                continue
-            self.store.upsert_job(
-                dataclasses.replace(current, resumed_from_step=marker.step, updated_at=now)
-            )
-            restart = (
-                f" (restart {marker.restart_count})" if marker.restart_count is not None else ""
-            )
-            self.store.add_event(
-                "resumed",
-                f"job {job_id} resumed from step {marker.step}{restart}",
-                now,
-                job_id=job_id,
-                cause=str(path),
-            )
+            except Exception:  # noqa: BLE001 - one job's file never stops the pass
+                log.exception("job %d: reading %s failed; ignoring it", job_id, path)
+
+    def _read_marker(self, job_id: int, path: Path, now: float) -> None:
+        """Record the step ``job_id`` resumed from, with its event, in one transaction."""
+        marker = parse_marker(read_marker(path), job_id)
+        current = self.store.job(job_id)
+        if current is None or current.resumed_from_step == marker.step:
+            return
+        restart = f" (restart {marker.restart_count})" if marker.restart_count is not None else ""
+        message = f"job {job_id} resumed from step {marker.step}{restart}"
+        self.store.upsert_job(
+            dataclasses.replace(current, resumed_from_step=marker.step, updated_at=now),
+            [EventIn("resumed", message, job_id=job_id, cause=str(path))],
+            now,
+        )

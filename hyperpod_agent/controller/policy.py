@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from hyperpod_agent.controller import autoresume, safety
 from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
+from hyperpod_agent.controller.intents import REBOOT_FLAGS
 from hyperpod_agent.controller.reasons import (
     OwnedReason,
     Owner,
@@ -36,7 +37,6 @@ from hyperpod_agent.slurm.models import Node
 
 log = logging.getLogger(__name__)
 
-REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 IDLE_STATES = ("IDLE", "DOWN", "FAIL")
 REMEDIATIONS = ("reboot", "replace")
 VERB_RANK = {Verb.DRAIN: 1, Verb.RESET: 2, Verb.REBOOT: 3, Verb.REPLACE: 4, Verb.HOLD: 5}

@@ -19,6 +19,9 @@ from pathlib import Path
 
 MARKER = "resume.json"
 MAX_BYTES = 4096
+# Bounds on what a user's file may say: a step fits a double exactly and the store's
+# 64-bit integers with room; job ids and restart counts are Slurm's 32-bit numbers.
+MAX_VALUE = {"step": 2**53, "job_id": 2**32 - 1, "restart_count": 2**32 - 1}
 
 
 class MarkerError(ValueError):
@@ -41,8 +44,16 @@ def _int(doc: dict[str, object], key: str, required: bool) -> int | None:
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise MarkerError(f"{key}: expected a non-negative integer, got {value!r}")
+        raise MarkerError(f"{key}: expected a non-negative integer, got {_short(value)}")
+    if value > MAX_VALUE[key]:
+        bound = "2**53" if key == "step" else str(MAX_VALUE[key])
+        raise MarkerError(f"{key}: expected an integer from 0 to {bound}, got {_short(value)}")
     return value
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def parse_marker(text: str, job_id: int) -> ResumeMarker:

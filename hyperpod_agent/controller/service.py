@@ -7,6 +7,7 @@ end the loop: they are logged, counted and retried on the next pass.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -35,6 +36,8 @@ from hyperpod_agent.slurm.models import Job, Node
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY_S = 3600.0
+# An epilog notice this soon after our requeue of the job is that requeue's.
+REQUEUE_EPILOG_S = 60.0
 MAX_SEQ = 2**63 - 1  # stored as a SQLite INTEGER
 ENDED = ("COMPLETED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED")
 
@@ -87,6 +90,7 @@ class Controller:
         self._config_mtime = _mtime(config_path)
         self._last_events: set[str] = set()
         self._pruned_at = 0.0
+        self._bad_jobs: set[int] = set()  # said once that they cannot be tracked
         self.watch = JobWatch(store)
         for name, row in store.node_rows().items():
             if row.hb_agent_id is not None and row.hb_seq is not None:
@@ -204,9 +208,9 @@ class Controller:
         opted in are neither recorded nor acted on (the epilog runs for every job).
         """
         now = self.clock()
-        tracked = self.store.job(job_id) is not None
+        tracked = self.store.job(job_id)
         known = next((j for j in self.jobs if j.job_id == job_id), None)
-        if tracked or (known is not None and known.auto_resume):
+        if tracked is not None or (known is not None and known.auto_resume):
             detail = ", ".join(
                 part
                 for part in (
@@ -215,9 +219,19 @@ class Controller:
                 )
                 if part
             )
+            what = f"ended{f' ({detail})' if detail else ''}"
+            if (
+                tracked is not None
+                and tracked.state == "requeued"
+                and tracked.last_requeue_at is not None
+                and now - tracked.last_requeue_at <= REQUEUE_EPILOG_S
+            ):
+                # Slurm runs the epilog when a requeue takes the job off its nodes, with
+                # exit 0: that is the requeue we made, not a success.
+                what = f"left its nodes for its requeue (attempt {tracked.attempts}/{tracked.cap})"
             self.store.add_event(
                 "job_ended",
-                f"job {job_id} ended{f' ({detail})' if detail else ''}: reported by {who}",
+                f"job {job_id} {what}: reported by {who}",
                 now,
                 job_id=job_id,
                 cause="EpilogSlurmctld",
@@ -315,26 +329,22 @@ class Controller:
     def _track_jobs(self, snap: Snapshot, now: float) -> None:
         """Remember opted-in jobs (for the API) and close the ones that ended well."""
         for job in snap.jobs:
-            cap = cap_of(job, snap, self.config.auto_resume.default_attempts)
-            tracked = snap.tracked.get(job.job_id)
-            if cap is None:
-                continue
-            if tracked is None:
-                self.store.upsert_job(TrackedJob(job.job_id, cap, updated_at=now))
-            elif job.state.upper() in ENDED and tracked.state not in ("done", "exhausted"):
-                self.store.upsert_job(
-                    TrackedJob(
-                        tracked.job_id,
-                        tracked.cap,
-                        tracked.attempts,
-                        tracked.last_cause,
-                        "done",
-                        tracked.last_requeue_at,
-                        tracked.acted_restart_count,
-                        tracked.resumed_from_step,
-                        now,
-                    )
-                )
+            try:
+                self._track_job(job, snap, now)
+            except Exception:  # noqa: BLE001 - one odd job never stops the pass
+                if job.job_id not in self._bad_jobs:
+                    self._bad_jobs.add(job.job_id)
+                    log.exception("job %s: cannot track it; leaving it alone", job.job_id)
+
+    def _track_job(self, job: Job, snap: Snapshot, now: float) -> None:
+        cap = cap_of(job, snap, self.config.auto_resume.default_attempts)
+        tracked = snap.tracked.get(job.job_id)
+        if cap is None:
+            return
+        if tracked is None:
+            self.store.upsert_job(TrackedJob(job.job_id, cap, updated_at=now))
+        elif job.state.upper() in ENDED and tracked.state not in ("done", "exhausted"):
+            self.store.upsert_job(dataclasses.replace(tracked, state="done", updated_at=now))
 
     def reconcile_once(self) -> Decision | None:
         """One pass. Returns the decision, or None when Slurm could not be read."""
@@ -421,8 +431,10 @@ class Controller:
     def run(self, stop: threading.Event, alive: Callable[[], None] | None = None) -> None:
         """Reconcile until ``stop`` is set; never dies on an error of one pass.
 
-        ``alive`` is called after every pass (the systemd watchdog ping).
+        ``alive`` is called after every pass (the systemd watchdog ping), and while a
+        long provider command runs.
         """
+        self.executor.keepalive = alive
         while not stop.is_set():
             try:
                 self.reconcile_once()

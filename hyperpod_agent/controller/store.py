@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.controller.store_rows import (
     ActionRow,
+    EventIn,
     EventRow,
     FaultIn,
     FaultRow,
@@ -64,11 +65,13 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            else:
                 self._db.execute("COMMIT")
+            except BaseException:
+                # Also when COMMIT itself fails (disk full, I/O error, a deferred
+                # constraint): a transaction left open would fail every later write.
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
             finally:
                 if durable:
                     self._db.execute("PRAGMA synchronous=NORMAL")
@@ -271,6 +274,32 @@ class Store:
             )
             return int(cur.lastrowid or 0)
 
+    @staticmethod
+    def _set_action(
+        db: sqlite3.Connection,
+        action_id: int,
+        state: str,
+        now: float,
+        attempts: int | None,
+        error: str | None,
+        next_attempt_at: float | None,
+        params: dict[str, Any] | None,
+    ) -> None:
+        db.execute(
+            "UPDATE actions SET state=?, updated_at=?, attempts=coalesce(?, attempts), "
+            "error=coalesce(?, error), next_attempt_at=coalesce(?, next_attempt_at), "
+            "params=coalesce(?, params) WHERE id=?",
+            (
+                state,
+                now,
+                attempts,
+                error,
+                next_attempt_at,
+                None if params is None else json.dumps(params),
+                action_id,
+            ),
+        )
+
     def update_action(
         self,
         action_id: int,
@@ -281,22 +310,17 @@ class Store:
         error: str | None = None,
         next_attempt_at: float | None = None,
         params: dict[str, Any] | None = None,
+        job: TrackedJob | None = None,
+        events: Sequence[EventIn] = (),
     ) -> None:
+        """An action's new state, with the job accounting it implies and its events, in
+        one durable transaction: a crash leaves all of them or none."""
         with self._tx(durable=True) as db:
-            db.execute(
-                "UPDATE actions SET state=?, updated_at=?, attempts=coalesce(?, attempts), "
-                "error=coalesce(?, error), next_attempt_at=coalesce(?, next_attempt_at), "
-                "params=coalesce(?, params) WHERE id=?",
-                (
-                    state,
-                    now,
-                    attempts,
-                    error,
-                    next_attempt_at,
-                    None if params is None else json.dumps(params),
-                    action_id,
-                ),
-            )
+            self._set_action(db, action_id, state, now, attempts, error, next_attempt_at, params)
+            if job is not None:
+                self._put_job(db, job)
+            for ev in events:
+                self._put_event(db, ev, now)
 
     def action(self, action_id: int) -> ActionRow | None:
         rows = self._query(f"SELECT {ActionRow.COLUMNS} FROM actions WHERE id=?", (action_id,))
@@ -358,12 +382,19 @@ class Store:
         return int(rows[0][0])
 
     # -- tracked jobs ---------------------------------------------------------------
-    def upsert_job(self, job: TrackedJob) -> None:
+    def upsert_job(self, job: TrackedJob, events: Sequence[EventIn] = (), now: float = 0.0) -> None:
+        """Store a tracked job (and the events that say why) in one transaction."""
         with self._tx(durable=True) as db:
-            db.execute(
-                f"INSERT OR REPLACE INTO jobs ({TrackedJob.COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
-                job.to_row(),
-            )
+            self._put_job(db, job)
+            for ev in events:
+                self._put_event(db, ev, now)
+
+    @staticmethod
+    def _put_job(db: sqlite3.Connection, job: TrackedJob) -> None:
+        db.execute(
+            f"INSERT OR REPLACE INTO jobs ({TrackedJob.COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            job.to_row(),
+        )
 
     def jobs(self) -> dict[int, TrackedJob]:
         rows = self._query(f"SELECT {TrackedJob.COLUMNS} FROM jobs ORDER BY job_id")
@@ -403,11 +434,15 @@ class Store:
         cause: str = "",
     ) -> int:
         with self._tx() as db:
-            cur = db.execute(
-                "INSERT INTO events (at, kind, node, job_id, cause, message) VALUES (?,?,?,?,?,?)",
-                (now, kind, node, job_id, cause, message),
-            )
-            return int(cur.lastrowid or 0)
+            return self._put_event(db, EventIn(kind, message, node, job_id, cause), now)
+
+    @staticmethod
+    def _put_event(db: sqlite3.Connection, ev: EventIn, now: float) -> int:
+        cur = db.execute(
+            "INSERT INTO events (at, kind, node, job_id, cause, message) VALUES (?,?,?,?,?,?)",
+            (now, ev.kind, ev.node, ev.job_id, ev.cause, ev.message),
+        )
+        return int(cur.lastrowid or 0)
 
     def events(
         self,

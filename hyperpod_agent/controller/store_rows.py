@@ -172,6 +172,17 @@ class TrackedJob:
 
 
 @dataclass(frozen=True)
+class EventIn:
+    """An event to record (it gets its id and time from the store)."""
+
+    kind: str
+    message: str
+    node: str | None = None
+    job_id: int | None = None
+    cause: str = ""
+
+
+@dataclass(frozen=True)
 class EventRow:
     COLUMNS: ClassVar[str] = "id, at, kind, node, job_id, cause, message"
     id: int

@@ -168,6 +168,7 @@ class Services:
                 "backoff_max_s": 5.0,
                 "self_drain_after_s": 30.0,
                 "slurm_conf": str(self.cluster.slurm_conf),
+                "slurm_user": "root",
             },
         }
 

@@ -8,7 +8,7 @@ for the same params; ``poll`` says whether the replacement is in service.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from hyperpod_agent.errors import HyperpodError
@@ -42,6 +42,8 @@ class SlurmApi(Protocol):
 
     def requeue(self, job_id: int) -> None: ...
 
+    def node(self, name: str) -> Node: ...
+
 
 Handle = dict[str, Any]
 
@@ -50,11 +52,21 @@ class Provider(Protocol):
     name: str
     # True when the failed node itself comes back (same name) and we resume it when done.
     resumes_node: bool
+    # True when replace() must never run twice for one action (it runs an admin's
+    # command): the executor records it as started before calling it.
+    runs_once: bool
 
     def prepare(
         self, node: str, nodes: Mapping[str, Node], params: Mapping[str, Any]
     ) -> dict[str, Any]: ...
 
-    def replace(self, node: str, reason: str, params: Mapping[str, Any], now: float) -> Handle: ...
+    def replace(
+        self,
+        node: str,
+        reason: str,
+        params: Mapping[str, Any],
+        now: float,
+        keepalive: Callable[[], None] | None = None,
+    ) -> Handle: ...
 
     def poll(self, handle: Handle, nodes: Mapping[str, Node], now: float) -> ReplaceStatus: ...

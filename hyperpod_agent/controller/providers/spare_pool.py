@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hyperpod_agent.controller.providers.base import (
@@ -20,6 +20,7 @@ class SparePoolProvider:
 
     name = "spare_pool"
     resumes_node = False
+    runs_once = False  # two scontrol calls, each checked first: safe to repeat
 
     def __init__(self, slurm: SlurmApi) -> None:
         self.slurm = slurm
@@ -38,7 +39,14 @@ class SparePoolProvider:
             raise ProviderError(f"spare {spare} is no longer a responding spare")
         return {"spare": str(spare)}
 
-    def replace(self, node: str, reason: str, params: Mapping[str, Any], now: float) -> Handle:
+    def replace(
+        self,
+        node: str,
+        reason: str,
+        params: Mapping[str, Any],
+        now: float,
+        keepalive: Callable[[], None] | None = None,
+    ) -> Handle:
         # Drain first: if we stop between the two calls, capacity is short by one node
         # until the retry resumes the spare, rather than a node doing double duty.
         spare = str(params["spare"])
@@ -47,8 +55,13 @@ class SparePoolProvider:
         if current is None or not (current.drained and current.reason.strip() == reason.strip()):
             self.slurm.drain(node, reason)
         target = nodes.get(spare)
-        if target is not None and target.reason.strip() == SPARE:
+        if target is None:
+            raise ProviderError(f"spare {spare} is no longer in Slurm")
+        if target.reason.strip() == SPARE:
             self.slurm.resume(spare)
+        elif target.drained:
+            # Taken by somebody else since it was promised: never resume their node.
+            raise ProviderError(f"spare {spare} was taken since: its reason is {target.reason!r}")
         return {"spare": spare, "started_at": now}
 
     def poll(self, handle: Handle, nodes: Mapping[str, Node], now: float) -> ReplaceStatus:

@@ -45,3 +45,16 @@ def test_reader_caps_and_survives_a_missing_directory(tmp_path: Path) -> None:
     for i in range(MAX_MARKERS + 10):
         write(tmp_path, str(i), "auto_resume=1 node=n")
     assert len(MarkerReader(tmp_path, "n").jobs()) == MAX_MARKERS
+
+
+def test_odd_names_and_values_are_skipped_not_fatal(tmp_path: Path) -> None:
+    # "²".isdigit() is true and int("²") raises: such a name once failed every cycle.
+    for name in ("²", "١٢", "0", "99999999999", "17\n"):
+        try:
+            write(tmp_path, name, "auto_resume=2 node=node1")
+        except OSError:
+            continue  # a name this filesystem refuses
+    write(tmp_path, "21", "auto_resume=² node=node1")
+    write(tmp_path, "22", "auto_resume=3 node=node1")
+    assert MarkerReader(tmp_path, "node1").jobs() == {22: 3}
+    assert parse_marker("auto_resume=٣") is None

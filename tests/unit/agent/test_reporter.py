@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from hyperpod_agent.agent.reporter import Reporter, ReporterConfig, fingerprint, self_drain_reason
+from hyperpod_agent.agent.reporter import Reporter, ReporterConfig, fingerprint
+from hyperpod_agent.agent.selfdrain import self_drain_reason
 from hyperpod_agent.auth import AuthConfig, ServerAuth, derive_key
 from hyperpod_agent.health import (
     Action,
@@ -28,6 +29,7 @@ from hyperpod_agent.health import (
     Status,
     Verdict,
 )
+from hyperpod_agent.slurm.models import Node
 
 
 class Recorder:
@@ -159,14 +161,22 @@ def report(
 
 
 class Drains:
-    def __init__(self, fail: bool = False) -> None:
+    """The node as Slurm has it, and the drains asked of it."""
+
+    def __init__(self, fail: bool = False, reason: str = "") -> None:
         self.calls: list[tuple[str, str]] = []
         self.fail = fail
+        self.reason = reason
 
-    def __call__(self, node: str, reason: str) -> None:
+    def node(self, name: str) -> Node:
+        flags = frozenset({"DRAIN"}) if self.reason else frozenset()
+        return Node(name, "IDLE", flags, self.reason, "root")
+
+    def drain(self, node: str, reason: str) -> None:
         self.calls.append((node, reason))
         if self.fail:
             raise RuntimeError("scontrol: Unable to contact slurm controller")
+        self.reason = reason
 
 
 @pytest.fixture
@@ -287,28 +297,78 @@ def test_rejected_report_is_not_hammered(
 def test_self_drain_when_unreachable_with_an_urgent_fault(reporters: list) -> None:
     drains = Drains()
     cfg = config(closed_port_url(), self_drain_after_s=0.2)
-    rep = start(reporters, cfg, drainer=drains)
+    rep = start(reporters, cfg, slurm=drains)
     rep.publish(report(Verdict.FAULTY, urgent=True))
     wait_for(lambda: len(drains.calls) == 1)
     assert drains.calls[0] == ("node1", "hyperpod:reboot gpu3 xid79 GPU has fallen off the bus")
     assert rep.state == "unreachable"
     rep.publish(report(Verdict.FAULTY, urgent=True))  # same fault: drained once
+    rep.publish(report(Verdict.FAULTY, urgent=True, code="xid151"))  # already out by us
     time.sleep(0.5)
     assert len(drains.calls) == 1
-    rep.publish(report(Verdict.FAULTY, urgent=True, code="xid151"))  # another fault
-    wait_for(lambda: len(drains.calls) == 2)
-    assert drains.calls[1][1].startswith("hyperpod:reboot gpu3 xid151 ")
 
 
-def test_same_fault_after_recovery_drains_again(reporters: list) -> None:
+def test_same_fault_after_recovery_drains_again_not_sooner_than_allowed(
+    reporters: list,
+) -> None:
     drains = Drains()
-    rep = start(reporters, config(closed_port_url(), self_drain_after_s=0.1), drainer=drains)
+    cfg = config(closed_port_url(), self_drain_after_s=0.1, self_drain_min_interval_s=0.8)
+    rep = start(reporters, cfg, slurm=drains)
     rep.publish(report(Verdict.FAULTY, urgent=True))
     wait_for(lambda: len(drains.calls) == 1)
+    drains.reason = ""  # resumed meanwhile (say by an admin)
     rep.publish(report())
-    time.sleep(0.3)
+    time.sleep(0.2)
+    started = time.monotonic()
     rep.publish(report(Verdict.FAULTY, urgent=True))
     wait_for(lambda: len(drains.calls) == 2)
+    assert time.monotonic() - started >= 0.4  # held back by the minimum interval
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "maintenance",
+        "Not responding to IPMI - RMA 1234, keep out",
+        "hyperpod:spare",
+        "Action:Replace",
+    ],
+)
+def test_self_drain_never_touches_a_node_out_for_somebody_elses_reason(
+    reporters: list, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    drains = Drains(reason=reason)
+    rep = start(reporters, config(closed_port_url(), self_drain_after_s=0.05), slurm=drains)
+    with caplog.at_level(logging.WARNING, logger="hyperpod_agent.agent.selfdrain"):
+        rep.publish(report(Verdict.FAULTY, urgent=True))
+        wait_for(lambda: any("not touching it" in r.getMessage() for r in caplog.records))
+        time.sleep(0.3)
+    assert drains.calls == [] and drains.reason == reason
+    assert sum("not touching it" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_slurms_own_reason_does_not_stop_a_self_drain(reporters: list) -> None:
+    drains = Drains(reason="Not responding")
+    rep = start(
+        reporters,
+        config(closed_port_url(), self_drain_after_s=0.05, slurm_user="root"),
+        slurm=drains,
+    )
+    rep.publish(report(Verdict.FAULTY, urgent=True))
+    wait_for(lambda: len(drains.calls) == 1)
+
+
+def test_a_controller_answering_503_is_up_no_self_drain(
+    server: tuple[str, Recorder], reporters: list
+) -> None:
+    # Its munged is down during a shared-cause fault: every node would self-drain.
+    url, rec = server
+    rec.status = 503
+    drains = Drains()
+    rep = start(reporters, config(url, self_drain_after_s=0.05), slurm=drains)
+    rep.publish(report(Verdict.FAULTY, urgent=True))
+    wait_for(lambda: len(rec.paths()) >= 6)  # well past self_drain_after_s
+    assert drains.calls == []
 
 
 @pytest.mark.parametrize(
@@ -320,14 +380,15 @@ def test_same_fault_after_recovery_drains_again(reporters: list) -> None:
     ],
 )
 def test_no_self_drain_unless_enabled_urgent_and_faulty(
-    server: tuple[str, Recorder], reporters: list, fields: dict[str, Any], fault: NodeReport
+    reporters: list, fields: dict[str, Any], fault: NodeReport
 ) -> None:
-    url, rec = server
-    rec.status = 503
     drains = Drains()
-    rep = start(reporters, config(url, self_drain_after_s=0.05, **fields), drainer=drains)
+    rep = start(
+        reporters, config(closed_port_url(), self_drain_after_s=0.05, **fields), slurm=drains
+    )
     rep.publish(fault)
-    wait_for(lambda: len(rec.paths()) >= 6)  # well past self_drain_after_s
+    wait_for(lambda: rep.state == "unreachable")
+    time.sleep(0.4)  # well past self_drain_after_s
     assert drains.calls == []
 
 
@@ -336,7 +397,7 @@ def test_no_self_drain_while_the_controller_answers(
 ) -> None:
     url, rec = server
     drains = Drains()
-    rep = start(reporters, config(url, self_drain_after_s=0.05), drainer=drains)
+    rep = start(reporters, config(url, self_drain_after_s=0.05), slurm=drains)
     rep.publish(report(Verdict.FAULTY, urgent=True))
     wait_for(lambda: len(rec.paths()) >= 3)
     assert drains.calls == []
@@ -345,7 +406,7 @@ def test_no_self_drain_while_the_controller_answers(
 def test_failed_self_drain_is_retried_without_spinning(reporters: list) -> None:
     drains = Drains(fail=True)
     cfg = config(closed_port_url(), self_drain_after_s=0.05, backoff_max_s=0.2)
-    rep = start(reporters, cfg, drainer=drains)
+    rep = start(reporters, cfg, slurm=drains)
     rep.publish(report(Verdict.FAULTY, urgent=True))
     wait_for(lambda: len(drains.calls) >= 2)
     time.sleep(0.3)

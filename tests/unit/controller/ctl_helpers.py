@@ -184,5 +184,11 @@ class FakeSlurm:
         j = self.jobs[job_id]
         self.jobs[job_id] = replace(j, state="PENDING", restart_count=j.restart_count + 1)
 
+    def node(self, name: str) -> Node:
+        self._maybe_fail("show")
+        if name not in self.nodes:
+            raise SlurmError(["scontrol", "show", "node", name], 1, "", f"unknown node {name}")
+        return self.nodes[name]
+
     def names(self, kind: str) -> list[object]:
         return [c[1] for c in self.calls if c[0] == kind]

@@ -145,6 +145,18 @@ def test_job_ended_for_a_tracked_job_records_and_wakes(tmp_path: Path) -> None:
     assert event.job_id == 7
 
 
+def test_the_epilog_of_our_requeue_does_not_read_as_success(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(2), [job(7, state="NODE_FAIL", auto_resume=2)])
+    ctl = make(tmp_path, slurm)
+    ctl.reconcile_once()
+    assert slurm.names("requeue") == [7]
+    ctl.job_ended(7, 0, None, "EpilogSlurmctld (uid 0)")
+    [event] = [e for e in ctl.store.events() if e.kind == "job_ended"]
+    assert event.message == (
+        "job 7 left its nodes for its requeue (attempt 1/2): reported by EpilogSlurmctld (uid 0)"
+    )
+
+
 @pytest.mark.parametrize(
     ("jobs", "tracked", "wakes"),
     [

@@ -24,7 +24,7 @@ class Crash(Exception):
     """Stands in for the process dying right after the intent commit."""
 
 
-def crash() -> None:
+def crash(point: str = "") -> None:
     raise Crash
 
 

@@ -44,6 +44,11 @@ def test_parse_good_markers(text: str, expected: ResumeMarker) -> None:
         ('{"step": true}', "step: expected a non-negative integer"),
         ('{"step": 1, "restart_count": "x"}', "restart_count: expected"),
         ('{"step": 1, "job_id": "12"}', "job_id: expected"),
+        # A user writes this file: every number is bounded before it reaches the store.
+        ('{"step": 9223372036854775808}', "step: expected an integer from 0 to 2\\*\\*53"),
+        ('{"step": 1e400}', "step: expected a non-negative integer"),
+        ('{"step": 1, "restart_count": 99999999999999999999}', "restart_count: expected"),
+        ('{"step": 1, "job_id": 18446744073709551616}', "job_id: expected"),
     ],
 )
 def test_parse_bad_markers(text: str, why: str) -> None:

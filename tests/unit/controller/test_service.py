@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
@@ -218,7 +219,7 @@ def test_restart_after_crash_between_intent_and_apply_drains_once(tmp_path: Path
     class Crash(Exception):
         pass
 
-    def crash() -> None:
+    def crash(point: str = "") -> None:
         raise Crash
 
     slurm = FakeSlurm(cluster(10))
@@ -260,3 +261,29 @@ def test_odd_but_valid_reports_never_break_a_pass(tmp_path: Path) -> None:
     assert ctl.reconcile_once() is not None
     tracked = ctl.store.job(big)
     assert tracked is not None and tracked.cap == 1000
+
+
+def test_a_users_resume_marker_cannot_stop_remediation(tmp_path: Path) -> None:
+    # Any user can write <checkpoint_root>/<job>/resume.json; rewriting it with a step
+    # no database can hold must not stop a single drain or requeue on the cluster.
+    root = tmp_path / "ckpt"
+    (root / "7").mkdir(parents=True)
+    slurm = FakeSlurm(cluster(10), [job(7, nodes=("node1",), auto_resume=2)])
+    cfg = config(policy={"shared_cause_window_s": 0}, auto_resume={"checkpoint_root": str(root)})
+    ctl, clock = make(tmp_path, slurm, cfg)
+    for i, step in enumerate((2**64, 2**63, 10**30)):
+        marker = root / "7" / "resume.json"
+        marker.write_text(f'{{"job_id": 7, "step": {step}}}')
+        os.utime(marker, (clock.t + i, clock.t + i))
+        ctl.ingest_report(report("node2", 1 + i, clock.t, faulty=i == 0))
+        assert ctl.reconcile_once() is not None
+    assert slurm.names("reboot") == ["node2"]
+    assert ctl.store.job(7) is not None and ctl.store.job(7).resumed_from_step is None  # type: ignore[union-attr]
+
+
+def test_a_job_slurm_shows_with_an_absurd_id_is_left_alone(tmp_path: Path) -> None:
+    slurm = FakeSlurm(cluster(10), [job(2**70, nodes=("node1",), auto_resume=2)])
+    ctl, clock = make(tmp_path, slurm)
+    ctl.ingest_report(report("node2", 1, clock.t, faulty=True))
+    assert ctl.reconcile_once() is not None
+    assert slurm.names("reboot") == ["node2"]
