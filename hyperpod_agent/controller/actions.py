@@ -34,7 +34,8 @@ log = logging.getLogger(__name__)
 
 # Test-only hooks: exit abruptly at a point of an action, to prove that a restart
 # completes it exactly once. Never set in production. CRASH_AT names the point:
-# "intent" (committed, not applied) or "applied" (Slurm changed, not yet recorded).
+# "intent" (committed, not applied) or "applied" (Slurm changed, not yet recorded),
+# optionally for one kind only ("applied:requeue").
 CRASH_ENV = "HYPERPOD_TEST_CRASH_AFTER_INTENT"
 CRASH_AT_ENV = "HYPERPOD_TEST_CRASH_AT"
 # Flap damping: these are not repeated on the same node within ``policy.cooldown_s``.
@@ -112,7 +113,7 @@ class Executor:
             aid = self.store.add_action(
                 kind.value, pa.node, pa.job_id, pa.reason, pa.cause, now, params
             )
-            self._crash_hook("intent")
+            self._crash_hook(f"intent:{kind.value}")
             row = self.store.action(aid)
             assert row is not None
             self._apply(row, now)
@@ -209,7 +210,7 @@ class Executor:
         except (SlurmError, ProviderError) as exc:
             self._failed_attempt(row, str(exc), now)
             return
-        self._crash_hook("applied")
+        self._crash_hook(f"applied:{row.kind}")
         self._done(row, now, counts_attempt=True)
 
     def _replace(self, row: ActionRow, now: float) -> None:
@@ -225,7 +226,7 @@ class Executor:
         except (SlurmError, ProviderError) as exc:
             self._failed_attempt(row, str(exc), now)
             return
-        self._crash_hook("applied")
+        self._crash_hook(f"applied:{row.kind}")
         message = f"replace {row.node} via {self.provider.name}: {row.cause}"
         self.store.update_action(
             row.id,
@@ -374,6 +375,6 @@ def _row_target(row: ActionRow) -> str:
 
 def _crash_from_env(point: str) -> None:
     wanted = os.environ.get(CRASH_AT_ENV) or ("intent" if os.environ.get(CRASH_ENV) == "1" else "")
-    if wanted == point:
+    if wanted and (point == wanted or point.startswith(wanted + ":")):
         log.critical("%s=%s: exiting abruptly", CRASH_AT_ENV, point)
         os._exit(137)

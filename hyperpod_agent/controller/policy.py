@@ -320,9 +320,11 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
         if ctx.owner(n) is Owner.US and any(f.urgent for f, _ in ctx.actionable(n))
     }
     job_actions, job_events = autoresume.plan(snap, config, now, urgent_nodes, ctx.faults, planned)
+    # A shared cause is an incident too: the admin looks at the cause, we act on none.
+    why = "; ".join([e.message for e in shared] + ([limits.reason] if limits.incident else []))
     return Decision(
         planned + job_actions,
         events + shared + limits.events + job_events,
-        limits.incident,
-        limits.reason,
+        bool(why),
+        why,
     )

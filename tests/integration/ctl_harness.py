@@ -45,6 +45,8 @@ class ControllerProcess:
             "heartbeat_timeout_s": 30,
             "cooldown_s": 2,
             "retry_backoff_s": 1,
+            # Act on a fault at once; shared causes have tests of their own.
+            "shared_cause_window_s": 0,
             **policy,
         }
         lines = [
@@ -52,6 +54,7 @@ class ControllerProcess:
             f'state_db = "{workdir / "state.db"}"',
             f'slurm_conf = "{cluster.slurm_conf}"',
             "reconcile_interval_s = 1",
+            'slurm_user = "root"',  # the local cluster's SlurmUser
             "[auth]",
             'mode = "munge"',
             f'munge_socket = "{cluster.munge_socket}"',

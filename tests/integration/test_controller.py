@@ -63,11 +63,14 @@ def test_faulty_report_drains_with_owned_reason_and_healthy_report_resumes(
 
 
 def test_reboot_fault_reboots_the_node_through_slurm(ctl: ControllerProcess) -> None:
-    booted = ctl.node("node2").boot_time
+    pid = ctl.cluster.slurmd_pid("node2")
     ctl.report("node2", [finding("xid79", "REBOOT", urgent=True, message="fell off the bus")])
+    # A reboot restarts slurmd: its new pid is the proof (BootTime jitters by a second).
     wait_for(
         "node2 rebooted and back",
-        lambda: ctl.node("node2").boot_time != booted and not ctl.node("node2").drained,
+        lambda: (
+            ctl.cluster.slurmd_pid("node2") not in (None, pid) and not ctl.node("node2").drained
+        ),
         timeout=40,
     )
     [reboot] = [e for e in ctl.events("node2") if e["kind"] == "reboot"]
@@ -90,6 +93,7 @@ def test_human_maintenance_drain_is_never_touched(
 def test_admin_action_replace_puts_the_spare_in_service(
     ctl: ControllerProcess, local_cluster: Any
 ) -> None:
+    ctl.report("node5", [])  # the spare's agent vouches for it
     scontrol(local_cluster, "update", "nodename=node3", "state=fail", "reason=Action:Replace")
     wait_for("spare node5 in service", lambda: not ctl.node("node5").drained)
     node3 = ctl.node("node3")
@@ -156,7 +160,7 @@ def test_urgent_fault_requeues_an_opted_in_job(
         wait_for(
             f"job running on {node}", lambda: (ctl.slurm.job(job_id) or _none()).state == "RUNNING"
         )
-        booted = ctl.node(node).boot_time
+        pid = local_cluster.slurmd_pid(node)
         _report_urgent(ctl, node, job_id if not flag else None)
         wait_for("job requeued", lambda: (ctl.slurm.job(job_id) or _none()).restart_count >= 1)
         kinds = [e["kind"] for e in ctl.events()]
@@ -164,9 +168,54 @@ def test_urgent_fault_requeues_an_opted_in_job(
         status, detail = ctl.request("GET", f"/v1/jobs/{job_id}", None)
         assert status == 200 and detail["attempts"] == 1 and detail["cap"] == 2
         assert "urgent fault on " + node in detail["last_cause"]
-        wait_for(f"{node} rebooted", lambda: ctl.node(node).boot_time != booted, timeout=40)
+        wait_for(
+            f"{node} rebooted",
+            lambda: local_cluster.slurmd_pid(node) not in (None, pid),
+            timeout=40,
+        )
     finally:
         subprocess.run(["scancel", str(job_id)], env=local_cluster.env, timeout=30, check=False)
+
+
+def test_kill_9_between_requeue_and_its_record_counts_once(
+    local_cluster: Any, tmp_path: Path
+) -> None:
+    # The controller dies right after `scontrol requeue` returned, before anything of
+    # it is recorded: the restart finds it applied and records it once, event included.
+    restore(local_cluster)
+    ctl = ControllerProcess(tmp_path, local_cluster, port_for(local_cluster, 4))
+    job_id = _submit(local_cluster, "node3", "--auto-resume=3")
+    try:
+        wait_for("job running", lambda: (ctl.slurm.job(job_id) or _none()).state == "RUNNING")
+        ctl.start({"HYPERPOD_TEST_CRASH_AT": "applied:requeue"})
+        _report_urgent(ctl, "node3", None)
+        assert ctl.proc is not None
+        assert ctl.proc.wait(timeout=30) == 137
+        assert (ctl.slurm.job(job_id) or _none()).restart_count == 1  # Slurm did requeue
+        ctl.start()
+        wait_for("the requeue recorded", lambda: "requeue" in [e["kind"] for e in ctl.events()])
+        time.sleep(3)  # a few more passes: nothing more may be counted
+        status, detail = ctl.request("GET", f"/v1/jobs/{job_id}", None)
+        assert status == 200 and detail["attempts"] == 1 and detail["cap"] == 3, detail
+        assert [e["kind"] for e in ctl.events()].count("requeue") == 1
+        assert (ctl.slurm.job(job_id) or _none()).restart_count == 1
+    finally:
+        subprocess.run(["scancel", str(job_id)], env=local_cluster.env, timeout=30, check=False)
+        ctl.stop()
+        restore(local_cluster)
+
+
+def _submit(cluster: Any, node: str, *flags: str) -> int:
+    out = subprocess.run(
+        ["sbatch", "--parsable", "--requeue", *flags, "-w", node, "-o", "/dev/null"]
+        + ["--wrap", "sleep 120"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return int(out.stdout.strip().split(";")[0])
 
 
 class _Missing:

@@ -23,7 +23,7 @@ class Crash(Exception):
 
 def crash_at(where: str):  # type: ignore[no-untyped-def]
     def hook(point: str) -> None:
-        if point == where:
+        if point == where or point.startswith(where + ":"):
             raise Crash(point)
 
     return hook

@@ -49,6 +49,7 @@ def test_one_code_on_many_nodes_at_once_is_a_shared_cause() -> None:
     ]
     decision = decide_on(nodes, faults)
     assert taken_out(decision) == []
+    assert decision.incident and decision.incident_reason.startswith("shared cause: fs_hung")
     [event] = [e for e in decision.events if e.kind == "shared_cause"]
     assert event.message.startswith("shared cause: fs_hung on 5 nodes within 30 s (n1, n2")
 
