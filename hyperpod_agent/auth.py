@@ -260,7 +260,8 @@ class ServerAuth:
         node = claims.get("n")
         if node is not None and (not isinstance(node, str) or not NODE_NAME.match(node)):
             raise AuthError("MUNGE payload names an invalid node")
-        self._remember(cache_key, f"uid {decoded.uid} node {node}", stamped)
+        who = f"uid {decoded.uid}" + (f" (node {node})" if node else "")
+        self._remember(cache_key, who, stamped)
         if node is not None:
             self._check_node_claim(decoded, node)
         return Identity(
@@ -274,9 +275,12 @@ class ServerAuth:
         )
 
     def _remember(self, key: str, identity: str, stamped: float) -> None:
+        """Record an accepted credential of ``identity`` (its replay-cache share)."""
         refused = self.replay.check_and_add(key, identity, stamped, self.clock())
         if refused:
-            raise AuthError(refused.message, refused.status)
+            # A 429 names who is over its share: the log of refusals is keyed by address.
+            why = f"{identity}: {refused.message}" if refused.status == 429 else refused.message
+            raise AuthError(why, refused.status)
 
     def _check_binding(self, claims: dict[str, Any], method: str, path: str, body: bytes) -> float:
         if claims.get("m") != method.upper():
@@ -370,7 +374,8 @@ class ServerAuth:
         if not hmac.compare_digest(expected, fields["sig"].lower()):
             raise AuthError(f"bad HPTOKEN signature for {subject}")
         self._check_fresh(stamped, "timestamp")
-        self._remember(f"token:{subject}:{fields['nonce'].lower()}", subject, stamped)
+        who = f"token of node {node}" if node is not None else "admin token"
+        self._remember(f"token:{subject}:{fields['nonce'].lower()}", who, stamped)
         if node is not None:
             return Identity(uid=-1, gid=-1, node=node, is_admin=False, method="token")
         return Identity(uid=-1, gid=-1, node=None, is_admin=True, method="token")

@@ -22,6 +22,7 @@ from hyperpod_agent.auth import AuthError, ServerAuth
 from hyperpod_agent.controller.api_rejections import Rejections, caller
 
 PUBLIC = ("/v1/healthz",)
+MAX_HEADER_BYTES = 16 * 1024  # request line and headers; a MUNGE credential is < 1 KiB
 AUTH_CODES = {
     401: "unauthenticated",
     403: "forbidden",
@@ -31,11 +32,20 @@ AUTH_CODES = {
 
 
 def error_response(
-    status: int, code: str, message: str, details: list[Any] | None = None
+    status: int, code: str, message: str, details: list[Any] | None = None, close: bool = False
 ) -> Response:
-    """The documented error body."""
+    """The documented error body; ``close`` ends the connection after it (the rest of
+    an oversized request is then drained and dropped, never parsed)."""
     body = {"error": {"code": code, "message": message, "details": details or []}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(
+        body, status_code=status, headers={"connection": "close"} if close else None
+    )
+
+
+def header_bytes(scope: Scope) -> int:
+    """About the size of a request's line and headers, as they came on the wire."""
+    target = len(scope.get("raw_path") or scope["path"]) + len(scope.get("query_string", b""))
+    return target + sum(len(k) + len(v) + 4 for k, v in scope.get("headers", []))
 
 
 class Guard:
@@ -53,11 +63,18 @@ class Guard:
             return
         self.rejections.flush()
 
-        async def refuse(status: int, code: str, message: str) -> None:
+        async def refuse(status: int, code: str, message: str, close: bool = False) -> None:
             self.rejections.record(
                 status, code, message, caller(scope), scope["method"], scope["path"]
             )
-            await error_response(status, code, message)(scope, receive, send)
+            await error_response(status, code, message, close=close)(scope, receive, send)
+
+        # h11 stops header blocks it has to wait for at this size; one that arrived
+        # in a single read is stopped here.
+        if header_bytes(scope) > MAX_HEADER_BYTES:
+            too_long = f"request headers larger than {MAX_HEADER_BYTES} bytes"
+            await refuse(431, "headers_too_large", too_long, close=True)
+            return
 
         headers = {
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])
@@ -66,10 +83,10 @@ class Guard:
         try:
             declared = int(headers.get("content-length", "0") or 0)
         except ValueError:
-            await refuse(400, "bad_request", "invalid Content-Length header")
+            await refuse(400, "bad_request", "invalid Content-Length header", close=True)
             return
         if declared > self.max_body:
-            await refuse(413, "too_large", too_big)
+            await refuse(413, "too_large", too_big, close=True)
             return
         chunks, size, more = [], 0, True
         while more:
@@ -79,7 +96,7 @@ class Guard:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body:
-                await refuse(413, "too_large", too_big)
+                await refuse(413, "too_large", too_big, close=True)
                 return
             chunks.append(chunk)
             more = bool(message.get("more_body", False))

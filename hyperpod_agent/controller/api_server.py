@@ -25,10 +25,11 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from hyperpod_agent.controller.api_guard import Guard
+from hyperpod_agent.controller.api_guard import MAX_HEADER_BYTES, Guard
 from hyperpod_agent.controller.api_rejections import Rejections
 
-MAX_HEADER_BYTES = 16 * 1024  # request line and headers; a MUNGE credential is < 1 KiB
+__all__ = ["MAX_HEADER_BYTES", "GuardedH11Protocol", "OncePerMinute", "make_server"]
+
 LINGER_S = 2.0
 LINGER_BYTES = 4 * 1024 * 1024
 # What the peer is still sending while its request is unread (or unreadable).

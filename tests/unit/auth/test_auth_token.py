@@ -256,6 +256,9 @@ def test_one_identity_flooding_gets_429_and_leaves_others_alone(
         except AuthError as exc:
             statuses.append(exc.status)
     assert statuses == [200] * 16 + [429] * 4
+    with pytest.raises(AuthError, match="^token of node node1: too many requests") as info:
+        server.verify("GET", "/v1/status", flooder.headers("GET", "/v1/status", b""), b"")
+    assert info.value.status == 429
     headers = honest.headers("GET", "/v1/status", b"")
     assert server.verify("GET", "/v1/status", headers, b"").node == "node2"
 

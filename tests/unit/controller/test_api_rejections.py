@@ -102,6 +102,12 @@ CASES: list[tuple[str, Any, int, str]] = [
         "unsupported_media_type",
     ),
     (
+        "many headers",
+        lambda a: a.client.get("/v1/status", headers={f"x-h{i}": "v" * 100 for i in range(200)}),
+        431,
+        "headers_too_large",
+    ),
+    (
         "bad content length",
         lambda a: a.post("/v1/heartbeats", None, raw=b"{}", extra={"content-length": "abc"}),
         400,

@@ -74,6 +74,14 @@ def test_oversized_headers_get_a_431_not_a_reset(port: int) -> None:
     assert status == 200 and body["ok"] is True
 
 
+def test_headers_over_the_limit_in_one_read_get_a_431_too(port: int) -> None:
+    # h11 only notices an oversized header block it has to wait for; one that
+    # arrives whole is caught by the Guard.
+    many = b"GET /v1/status HTTP/1.1\r\nHost: x\r\n" + b"X-A: b\r\n" * 5000 + b"\r\n"
+    status, body = parse(exchange(port, many))  # the server closes: no keep-alive wait
+    assert status == 431 and body["error"]["code"] == "headers_too_large"
+
+
 def test_an_unparsable_request_gets_the_documented_400(port: int) -> None:
     before = counted("bad_request")
     status, body = parse(exchange(port, b"HELLO THERE\r\n\r\n"))
