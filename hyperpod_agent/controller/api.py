@@ -1,8 +1,10 @@
 """The controller's HTTP API (FastAPI under ``/v1``, served by uvicorn).
 
-``api_guard.Guard`` in front of the app limits the body size and authenticates.
-Every error, including FastAPI's own validation errors and 404/405, is
-``{"error": {"code", "message", "details"}}``.
+``api_guard.Guard`` in front of the app limits header and body size, authenticates
+and refuses what is not strict JSON. Every error, including FastAPI's own validation
+errors and 404/405, is ``{"error": {"code", "message", "details"}}`` with a code from
+``api_models.ERROR_CODES``, and every refusal is counted and logged through
+``api_rejections.Rejections``.
 """
 
 from __future__ import annotations
