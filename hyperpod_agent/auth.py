@@ -21,6 +21,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import math
 import pwd
 import re
 import secrets
@@ -69,6 +70,13 @@ log = logging.getLogger(__name__)
 
 PAYLOAD_VERSION = 1
 NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# What a client of ours sends; anything else is refused before it is interpreted
+# (float() would take "nan", "inf", "1_0" and " 1"; compare_digest raises on non-ASCII).
+TOKEN_TS = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?$")
+TOKEN_NONCE = re.compile(r"^[0-9a-fA-F]{16,64}$")
+TOKEN_SIG = re.compile(r"^[0-9a-fA-F]{64}$")
+# No credential we make carries a time past this (year 5138); a larger one is garbage.
+MAX_TIME = 1e11
 
 
 class AuthError(HyperpodError):
@@ -102,6 +110,13 @@ class AuthConfig(BaseModel):
     )
     max_skew_s: float = Field(default=60.0, gt=0, le=3600)
     replay_cache_size: int = Field(default=100_000, ge=16, le=10_000_000)
+    replay_cache_per_identity: int = Field(
+        default=10_000,
+        ge=16,
+        le=10_000_000,
+        description="requests one identity may make within 2 x max_skew_s (429 beyond); "
+        "at most replay_cache_size",
+    )
     admin_group: str = Field(
         default="", description="group name or gid whose members are admins (root always is)"
     )
@@ -190,7 +205,9 @@ class ServerAuth:
         self.config = config
         self.node_address = node_address
         self.clock = clock
-        self.replay = ReplayCache(config.replay_cache_size, 2 * config.max_skew_s)
+        self.replay = ReplayCache(
+            config.replay_cache_size, 2 * config.max_skew_s, config.replay_cache_per_identity
+        )
         self._secret: bytes | None = None
         self._admin_gid: int | None = None
         if config.mode == "none":
@@ -237,20 +254,14 @@ class ServerAuth:
             if exc.is_credential_error:
                 raise AuthError(f"MUNGE credential rejected: {exc}") from exc
             raise AuthError(f"cannot verify MUNGE credential: {exc}", 503) from exc
-        try:
-            claims: Any = json.loads(decoded.payload)
-        except ValueError as exc:
-            raise AuthError("MUNGE payload is not a request binding") from exc
-        if not isinstance(claims, dict) or claims.get("v") != PAYLOAD_VERSION:
-            raise AuthError("MUNGE payload is not a request binding")
+        claims = _binding(decoded.payload)
         stamped = self._check_binding(claims, method, path, body)
         self._check_fresh(float(decoded.encode_time), "MUNGE encode time")
-        refused = self.replay.check_and_add(cache_key, stamped, self.clock())
-        if refused:
-            raise AuthError(refused)
         node = claims.get("n")
         if node is not None and (not isinstance(node, str) or not NODE_NAME.match(node)):
             raise AuthError("MUNGE payload names an invalid node")
+        who = f"uid {decoded.uid}" + (f" (node {node})" if node else "")
+        self._remember(cache_key, who, stamped)
         if node is not None:
             self._check_node_claim(decoded, node)
         return Identity(
@@ -263,9 +274,19 @@ class ServerAuth:
             method="munge",
         )
 
+    def _remember(self, key: str, identity: str, stamped: float) -> None:
+        """Record an accepted credential of ``identity`` (its replay-cache share)."""
+        refused = self.replay.check_and_add(key, identity, stamped, self.clock())
+        if refused:
+            # A 429 names who is over its share: the log of refusals is keyed by address.
+            why = f"{identity}: {refused.message}" if refused.status == 429 else refused.message
+            raise AuthError(why, refused.status)
+
     def _check_binding(self, claims: dict[str, Any], method: str, path: str, body: bytes) -> float:
         if claims.get("m") != method.upper():
-            raise AuthError(f"credential was made for {claims.get('m')!r}, not {method.upper()}")
+            made_for = claims.get("m")
+            shown = repr(made_for)[:20] if isinstance(made_for, str) else "another method"
+            raise AuthError(f"credential was made for {shown}, not {method.upper()}")
         if claims.get("p") != normalize_path(path):
             raise AuthError(f"credential was made for another path, not {normalize_path(path)}")
         if claims.get("b") != body_digest(body):
@@ -273,10 +294,13 @@ class ServerAuth:
         stamped = claims.get("t")
         if not isinstance(stamped, int | float) or isinstance(stamped, bool):
             raise AuthError("credential carries no timestamp")
-        self._check_fresh(float(stamped), "timestamp")
+        self._check_fresh(stamped, "timestamp")
         return float(stamped)
 
     def _check_fresh(self, stamped: float, what: str) -> None:
+        # NaN compares false with everything: without this it would pass as fresh.
+        if not math.isfinite(stamped) or not 0 <= stamped <= MAX_TIME:
+            raise AuthError(f"credential {what} is not a plausible time")
         off = stamped - self.clock()
         if abs(off) > self.config.max_skew_s:
             raise AuthError(
@@ -331,10 +355,13 @@ class ServerAuth:
             subject = "admin"
         else:
             raise AuthError("HPTOKEN credential names neither a node nor role=admin")
-        try:
-            stamped = float(fields["ts"])
-        except ValueError as exc:
-            raise AuthError("HPTOKEN timestamp is not a number") from exc
+        if not TOKEN_TS.match(fields["ts"]):
+            raise AuthError("HPTOKEN timestamp is not a number of seconds")
+        if not TOKEN_NONCE.match(fields["nonce"]):
+            raise AuthError("HPTOKEN nonce is not 16 to 64 hex digits")
+        if not TOKEN_SIG.match(fields["sig"]):
+            raise AuthError("HPTOKEN signature is not 64 hex digits")
+        stamped = float(fields["ts"])
         expected = token_signature(
             derive_key(self._secret, subject),
             subject,
@@ -347,14 +374,31 @@ class ServerAuth:
         if not hmac.compare_digest(expected, fields["sig"].lower()):
             raise AuthError(f"bad HPTOKEN signature for {subject}")
         self._check_fresh(stamped, "timestamp")
-        refused = self.replay.check_and_add(
-            f"token:{subject}:{fields['nonce']}", stamped, self.clock()
-        )
-        if refused:
-            raise AuthError(refused)
+        who = f"token of node {node}" if node is not None else "admin token"
+        self._remember(f"token:{subject}:{fields['nonce'].lower()}", who, stamped)
         if node is not None:
             return Identity(uid=-1, gid=-1, node=node, is_admin=False, method="token")
         return Identity(uid=-1, gid=-1, node=None, is_admin=True, method="token")
+
+
+def _binding(payload: bytes) -> dict[str, Any]:
+    """The request binding a MUNGE credential carries; AuthError if it is anything else.
+
+    Anyone in the realm can wrap any payload, so parse it as hostile: no NaN or
+    Infinity, no nesting deep enough to exhaust the stack.
+    """
+    try:
+        claims: Any = json.loads(payload, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise AuthError("MUNGE payload is not a request binding") from exc
+    version = claims.get("v") if isinstance(claims, dict) else None
+    if type(version) is not int or version != PAYLOAD_VERSION:
+        raise AuthError("MUNGE payload is not a request binding")
+    return dict(claims)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _resolve_group(name: str) -> int:

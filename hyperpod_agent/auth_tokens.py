@@ -9,6 +9,7 @@ import re
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import NamedTuple
 
 from hyperpod_agent.errors import ConfigError
 
@@ -67,45 +68,92 @@ def token_signature(
     return hmac.new(key, message.encode(), hashlib.sha256).hexdigest()
 
 
-class ReplayCache:
-    """Remembers credentials seen within the skew window, bounded in size.
+class Refusal(NamedTuple):
+    """Why the replay cache refuses a credential: 401 (replayed, too old) or 429."""
 
-    When the cache is full, the oldest entry is dropped and the time floor rises to its
-    timestamp: anything stamped at or before the floor is refused from then on, so a
-    dropped entry can never be replayed.
+    status: int
+    message: str
+
+
+class ReplayCache:
+    """Remembers accepted credentials for ``window_s`` of *receive* time, bounded.
+
+    Entries expire by the controller's own clock, never by the stamp a client chose.
+    Each identity (a node, a uid, the admin token) may hold at most ``per_identity``
+    entries: past that its requests are refused with 429 until its own entries expire,
+    so one identity's flood never pushes out another's. Only when the whole cache is
+    full (many identities flooding at once) is an entry dropped early: the oldest of
+    the identity holding the most. That identity's floor rises to the dropped stamp
+    and anything it stamps at or before the floor is refused from then on, so a
+    dropped credential can never be replayed, and only the identity that filled the
+    cache pays for it.
     """
 
-    def __init__(self, size: int, window_s: float):
+    def __init__(self, size: int, window_s: float, per_identity: int | None = None):
         self.size = size
         self.window_s = window_s
-        self.floor = 0.0
-        self._seen: OrderedDict[str, float] = OrderedDict()
+        self.per_identity = min(size, per_identity or size)
+        # credential key -> (identity, received at), in arrival order (for expiry)
+        self._arrival: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # identity -> credential key -> stamp, in arrival order (for eviction)
+        self._by_identity: dict[str, OrderedDict[str, float]] = {}
+        self._floors: dict[str, float] = {}
         # The API may verify requests on several threads at once.
         self._lock = threading.Lock()
 
     def seen(self, key: str) -> bool:
         """True when ``key`` was accepted within the window."""
         with self._lock:
-            return key in self._seen
+            return key in self._arrival
 
-    def check_and_add(self, key: str, stamped: float, now: float) -> str | None:
-        """Record ``key``; return why it is refused, or None when it is fresh."""
+    def floor(self, identity: str) -> float | None:
+        """The stamp at or before which ``identity``'s credentials are refused, if any."""
         with self._lock:
-            return self._check_and_add(key, stamped, now)
+            return self._floors.get(identity)
 
-    def _check_and_add(self, key: str, stamped: float, now: float) -> str | None:
-        while self._seen:
-            oldest_key, oldest = next(iter(self._seen.items()))
-            if oldest >= now - self.window_s:
+    def check_and_add(self, key: str, identity: str, stamped: float, now: float) -> Refusal | None:
+        """Record ``key`` of ``identity``; return why it is refused, or None when fresh."""
+        with self._lock:
+            self._expire(now)
+            if key in self._arrival:
+                return Refusal(401, "replayed credential")
+            floor = self._floors.get(identity)
+            if floor is not None and stamped <= floor:
+                return Refusal(401, "credential older than the replay cache can vouch for")
+            mine = self._by_identity.get(identity)
+            if mine is not None and len(mine) >= self.per_identity:
+                return Refusal(
+                    429,
+                    f"too many requests: at most {self.per_identity} per identity "
+                    f"within {self.window_s:g} s; retry later",
+                )
+            if len(self._arrival) >= self.size:
+                self._evict()
+            self._arrival[key] = (identity, now)
+            self._by_identity.setdefault(identity, OrderedDict())[key] = stamped
+            return None
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._arrival:
+            key, (identity, received) = next(iter(self._arrival.items()))
+            if received >= horizon:
                 break
-            del self._seen[oldest_key]
-        if key in self._seen:
-            return "replayed credential"
-        if stamped <= self.floor:
-            return "credential older than the replay cache can vouch for"
-        if len(self._seen) >= self.size:
-            _, dropped = self._seen.popitem(last=False)
-            self.floor = max(self.floor, dropped)
-        # Ordered by arrival, which tracks the stamp closely enough for expiry.
-        self._seen[key] = stamped
-        return None
+            del self._arrival[key]
+            self._forget(identity, key)
+        # A floor below the window refuses nothing freshness would let through.
+        for identity in [i for i, f in self._floors.items() if f < horizon]:
+            del self._floors[identity]
+
+    def _evict(self) -> None:
+        victim = max(self._by_identity, key=lambda i: len(self._by_identity[i]))
+        key, stamped = next(iter(self._by_identity[victim].items()))
+        del self._arrival[key]
+        self._forget(victim, key)
+        self._floors[victim] = max(self._floors.get(victim, stamped), stamped)
+
+    def _forget(self, identity: str, key: str) -> None:
+        mine = self._by_identity[identity]
+        del mine[key]
+        if not mine:
+            del self._by_identity[identity]

@@ -3,12 +3,17 @@
 Precedence, strongest first: command-line options, environment
 (``HYPERPOD_CONTROLLER_URL``, ``HYPERPOD_MUNGE_SOCKET``), the config file
 (``--config``, ``HYPERPOD_ADMIN_CONFIG``, ``/etc/hyperpod/admin.toml``, then the local
-cluster's ``<dir>/etc/admin.toml``), built-in defaults.
+cluster's ``<dir>/etc/admin.toml`` when ``HYPERPOD_LOCAL_CLUSTER_DIR`` names it),
+built-in defaults.
+
+A config file says which controller to trust, with which CA and munge socket, so it is
+read only if no one but root and the invoking user can change it (``check_trusted``).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +24,6 @@ from hyperpod_agent.auth import AuthConfig
 from hyperpod_agent.errors import ConfigError
 
 SYSTEM_CONFIG = Path("/etc/hyperpod/admin.toml")
-LOCAL_CLUSTER_DIR = Path("/var/tmp/hyperpod-local")
 ENV_URL = "HYPERPOD_CONTROLLER_URL"
 ENV_SOCKET = "HYPERPOD_MUNGE_SOCKET"
 ENV_CONFIG = "HYPERPOD_ADMIN_CONFIG"
@@ -44,13 +48,46 @@ class AdminConfig(BaseModel):
 
 
 def candidate_files(env: Mapping[str, str]) -> list[Path]:
-    """Config files looked at when none is named, in order."""
-    local = Path(env.get(ENV_LOCAL_DIR) or LOCAL_CLUSTER_DIR)
-    return [SYSTEM_CONFIG, local / "etc" / "admin.toml"]
+    """Config files looked at when none is named, in order.
+
+    The local cluster's is one only when the user names its directory: a default
+    directory under /var/tmp could have been made and filled by any local user.
+    """
+    local = env.get(ENV_LOCAL_DIR)
+    return [SYSTEM_CONFIG] + ([Path(local) / "etc" / "admin.toml"] if local else [])
+
+
+def check_trusted(path: Path) -> None:
+    """Raise ConfigError unless only root or the invoking user can change ``path``.
+
+    The file and every directory above it (as given and after symlinks) must be owned
+    by root or by us and not writable by group or others; a world-writable directory
+    with the sticky bit (``/tmp``) is fine, since others cannot replace what is in it.
+    """
+    me = os.geteuid()
+    for chain in (path.absolute(), path.resolve()):
+        for item in [chain, *chain.parents]:
+            try:
+                info = item.stat()
+            except OSError as exc:
+                raise ConfigError(f"{path}: {exc.strerror}") from exc
+            what = "it" if item == chain else f"its directory {item}"
+            if info.st_uid not in (0, me):
+                raise ConfigError(
+                    f"{path}: not trusted: {what} is owned by uid {info.st_uid}, not by root or you"
+                )
+            writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+            sticky_dir = stat.S_ISDIR(info.st_mode) and info.st_mode & stat.S_ISVTX
+            if writable and not sticky_dir:
+                raise ConfigError(
+                    f"{path}: not trusted: {what} may be changed by group or others "
+                    f"(mode {stat.S_IMODE(info.st_mode):04o})"
+                )
 
 
 def read_config(path: Path) -> AdminConfig:
-    """Parse one admin.toml; errors name the file and the key."""
+    """Parse one admin.toml, if trusted; errors name the file and the key."""
+    check_trusted(path)
     try:
         data = tomllib.loads(path.read_text())
     except OSError as exc:

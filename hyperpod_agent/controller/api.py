@@ -1,8 +1,10 @@
 """The controller's HTTP API (FastAPI under ``/v1``, served by uvicorn).
 
-``api_guard.Guard`` in front of the app limits the body size and authenticates.
-Every error, including FastAPI's own validation errors and 404/405, is
-``{"error": {"code", "message", "details"}}``.
+``api_guard.Guard`` in front of the app limits header and body size, authenticates
+and refuses what is not strict JSON. Every error, including FastAPI's own validation
+errors and 404/405, is ``{"error": {"code", "message", "details"}}`` with a code from
+``api_models.ERROR_CODES``, and every refusal is counted and logged through
+``api_rejections.Rejections``.
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp
 
 from hyperpod_agent.auth import AuthError, Identity, ServerAuth, describe, require_node
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.api_guard import Guard, error_response, validation_message
 from hyperpod_agent.controller.api_models import (
+    ERROR_CODES,
     Accepted,
     ActionAccepted,
     ActionOut,
@@ -40,6 +42,7 @@ from hyperpod_agent.controller.api_models import (
     NodeOut,
     Status,
 )
+from hyperpod_agent.controller.api_rejections import Rejections, caller
 from hyperpod_agent.controller.providers.base import ProviderError
 from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.service import Controller, Heartbeat, Rejected
@@ -56,7 +59,15 @@ from hyperpod_agent.health import NodeReport
 log = logging.getLogger(__name__)
 MAX_INT64 = 2**63 - 1  # SQLite's INTEGER
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorOut} for code in (400, 401, 403, 404, 409, 413, 422)
+    status: {"model": ErrorOut} for status in sorted(set(ERROR_CODES.values()))
+}
+HTTP_CODES = {
+    400: "malformed_json",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
 }
 
 
@@ -144,32 +155,41 @@ def _identity(request: Request) -> Identity:
     return identity
 
 
-def create_app(controller: Controller, auth: ServerAuth) -> ASGIApp:
+def create_app(
+    controller: Controller, auth: ServerAuth, rejections: Rejections | None = None
+) -> Guard:
     """The ASGI application: FastAPI routes wrapped in the Guard."""
     app = FastAPI(title="hyperpod-controller", version="1", docs_url=None, redoc_url=None)
+    refusals = rejections or Rejections()
+
+    def refuse(
+        request: Request, status: int, code: str, message: str, details: list[Any] | None = None
+    ) -> Response:
+        refusals.record(
+            status, code, message, caller(request.scope), request.method, request.url.path
+        )
+        return error_response(status, code, message, details)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> Response:
         code, message, details = validation_message(list(exc.errors()))
-        return error_response(400 if code == "malformed_json" else 422, code, message, details)
+        return refuse(request, ERROR_CODES[code], code, message, details)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        names = {404: "not_found", 405: "method_not_allowed"}
-        return error_response(
-            exc.status_code, names.get(exc.status_code, "http_error"), str(exc.detail)
-        )
+        # The Guard has refused what FastAPI would answer 400 (a body it cannot parse),
+        # so any other 4xx is a bad request in the documented form.
+        code = HTTP_CODES.get(exc.status_code, "bad_request")
+        return refuse(request, ERROR_CODES[code], code, str(exc.detail))
 
     @app.exception_handler(Rejected)
     async def _rejected(request: Request, exc: Rejected) -> Response:
-        metrics.REPORTS.labels("request", exc.code).inc()
-        return error_response(exc.status, exc.code, str(exc))
+        return refuse(request, exc.status, exc.code, str(exc))
 
     @app.exception_handler(AuthError)
     async def _auth(request: Request, exc: AuthError) -> Response:
-        return error_response(
-            exc.status, "forbidden" if exc.status == 403 else "unauthenticated", str(exc)
-        )
+        code = "forbidden" if exc.status == 403 else "unauthenticated"
+        return refuse(request, ERROR_CODES[code], code, str(exc))
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> Response:
@@ -359,7 +379,7 @@ def create_app(controller: Controller, auth: ServerAuth) -> ASGIApp:
     def prom() -> Response:
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
-    return Guard(app, auth, controller.config.max_body_bytes)
+    return Guard(app, auth, controller.config.max_body_bytes, refusals)
 
 
 def _state(node: Any) -> str:

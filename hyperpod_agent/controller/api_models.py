@@ -9,6 +9,28 @@ from pydantic import BaseModel, ConfigDict, Field
 
 NODE_PATTERN = r"^[A-Za-z0-9._-]+$"
 
+# Every error code the API answers with, and its HTTP status (docs/controller.md lists
+# them all; a test checks both ways).
+ERROR_CODES: dict[str, int] = {
+    "bad_request": 400,
+    "malformed_json": 400,
+    "unauthenticated": 401,
+    "forbidden": 403,
+    "not_found": 404,
+    "method_not_allowed": 405,
+    "replayed": 409,
+    "stale": 409,
+    "from_future": 409,
+    "no_replacement": 409,
+    "too_large": 413,
+    "unsupported_media_type": 415,
+    "invalid": 422,
+    "rate_limited": 429,
+    "headers_too_large": 431,
+    "internal": 500,
+    "auth_unavailable": 503,
+}
+
 
 class HeartbeatIn(BaseModel):
     """Small "still alive" message an agent sends between reports."""

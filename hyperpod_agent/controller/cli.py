@@ -70,9 +70,8 @@ def build(config: ControllerConfig, config_path: Path | None) -> Controller:
 
 def serve(controller: Controller) -> None:
     """Run the loop in a thread and the API in this one until SIGTERM/SIGINT."""
-    import uvicorn
-
     from hyperpod_agent.controller.api import create_app
+    from hyperpod_agent.controller.api_server import make_server
 
     config = controller.config
 
@@ -96,17 +95,7 @@ def serve(controller: Controller) -> None:
         name="reconcile",
         daemon=True,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=config.listen_host,
-            port=config.listen_port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-            timeout_graceful_shutdown=5,
-        )
-    )
+    server = make_server(app, config.listen_host, config.listen_port)
     loop.start()
     sd_notify("READY=1")
     log.info(

@@ -44,3 +44,9 @@ PASSES = Counter(
 PASS_SECONDS = Histogram(
     "hyperpod_controller_pass_seconds", "Duration of a reconcile pass", registry=REGISTRY
 )
+API_REJECTIONS = Counter(
+    "hyperpod_api_rejections_total",
+    "API requests refused, by error code",
+    ["code"],
+    registry=REGISTRY,
+)

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
 import time
@@ -16,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from munge_helpers import NOBODY, encode_as_nobody, start_munged, stop_daemon
 
 from hyperpod_agent import _munge
 from hyperpod_agent.admin.cli import status
@@ -30,57 +30,6 @@ from hyperpod_agent.auth import (
 
 pytestmark = pytest.mark.root
 
-NOBODY = 65534
-
-
-def _start_munged(base: Path, name: str) -> tuple[Path, int]:
-    where = base / name
-    where.mkdir()
-    where.chmod(0o755)  # munged refuses a socket directory others cannot traverse
-    key = where / "munge.key"
-    subprocess.run(
-        ["mungekey", "-c", "-k", str(key), "-b", "1024"],
-        check=True,
-        timeout=30,
-        capture_output=True,
-    )
-    key.chmod(0o400)
-    sock, pidfile = where / "munge.sock", where / "munged.pid"
-    subprocess.run(
-        [
-            "munged",
-            f"--socket={sock}",
-            f"--key-file={key}",
-            f"--pid-file={pidfile}",
-            f"--seed-file={where / 'munged.seed'}",
-            f"--log-file={where / 'munged.log'}",
-        ],
-        check=True,
-        timeout=30,
-        capture_output=True,
-    )
-    deadline = time.monotonic() + 10
-    while not (pidfile.exists() and pidfile.read_text().strip()):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"munged in {where} wrote no pid file")
-        time.sleep(0.05)
-    return sock, int(pidfile.read_text())
-
-
-def _stop(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-
 
 @pytest.fixture(scope="module")
 def mungeds() -> Iterator[tuple[Path, Path]]:
@@ -93,14 +42,14 @@ def mungeds() -> Iterator[tuple[Path, Path]]:
     base.chmod(0o755)
     pids: list[int] = []
     try:
-        sock, pid = _start_munged(base, "a")
+        sock, pid = start_munged(base, "a")
         pids.append(pid)
-        other, pid = _start_munged(base, "b")
+        other, pid = start_munged(base, "b")
         pids.append(pid)
         yield sock, other
     finally:
         for pid in pids:
-            _stop(pid)
+            stop_daemon(pid)
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -112,28 +61,6 @@ def sock(mungeds: tuple[Path, Path]) -> Path:
 def _payload(method: str, path: str, body: bytes, node: str | None, at: float) -> str:
     claims = {"v": 1, "m": method, "p": path, "b": body_digest(body), "t": at, "n": node}
     return json.dumps(claims)
-
-
-def _encode_as_nobody(sock: Path, payload: str) -> str:
-    """A credential made by an unprivileged user (uid/gid 65534)."""
-    out = subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={NOBODY}",
-            f"--regid={NOBODY}",
-            "--clear-groups",
-            "munge",
-            "-S",
-            str(sock),
-            "-s",
-            payload,
-        ],
-        check=True,
-        timeout=30,
-        capture_output=True,
-        text=True,
-    )
-    return out.stdout.strip()
 
 
 def test_root_admin_request(sock: Path) -> None:
@@ -181,20 +108,20 @@ def test_origin_check_can_be_turned_off(sock: Path) -> None:
 
 def test_unprivileged_user_is_not_admin(sock: Path) -> None:
     server = ServerAuth(AuthConfig(munge_socket=sock))
-    cred = _encode_as_nobody(sock, _payload("GET", "/v1/nodes", b"", None, time.time()))
+    cred = encode_as_nobody(sock, _payload("GET", "/v1/nodes", b"", None, time.time()))
     ident = server.verify("GET", "/v1/nodes", {"Authorization": "MUNGE " + cred}, b"")
     assert (ident.uid, ident.gid, ident.is_admin, ident.node) == (NOBODY, NOBODY, False, None)
 
 
 def test_admin_group_makes_an_admin(sock: Path) -> None:
     server = ServerAuth(AuthConfig(munge_socket=sock, admin_group=str(NOBODY)))
-    cred = _encode_as_nobody(sock, _payload("GET", "/v1/nodes", b"", None, time.time()))
+    cred = encode_as_nobody(sock, _payload("GET", "/v1/nodes", b"", None, time.time()))
     assert server.verify("GET", "/v1/nodes", {"Authorization": "MUNGE " + cred}, b"").is_admin
 
 
 def test_unprivileged_user_cannot_speak_for_a_node(sock: Path) -> None:
     server = ServerAuth(AuthConfig(munge_socket=sock))
-    cred = _encode_as_nobody(sock, _payload("POST", "/v1/reports", b"", "node1", time.time()))
+    cred = encode_as_nobody(sock, _payload("POST", "/v1/reports", b"", "node1", time.time()))
     with pytest.raises(AuthError, match="uid 65534 may not speak for node node1") as info:
         server.verify("POST", "/v1/reports", {"Authorization": "MUNGE " + cred}, b"")
     assert info.value.status == 403
@@ -331,3 +258,106 @@ def test_admin_cli_with_a_credential_the_controller_cannot_check(
     assert result.exit_code == 1
     assert result.output.startswith("hyperpod: error: MUNGE credential rejected: ")
     assert result.output.endswith("(HTTP 401, auth)\n")
+
+
+# Hypothesis: no MUNGE credential, however made, gets anything but a 4xx refusal.
+FUZZ = settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+LATIN1 = st.characters(min_codepoint=0, max_codepoint=255)
+JSON_VALUE = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=10**20, max_value=10**40)
+    | st.floats()  # NaN and infinities included: json.dumps writes NaN, Infinity
+    | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+CLAIM = st.sampled_from(["v", "m", "p", "b", "t", "n", "x"])
+
+
+def _refused_4xx(server: ServerAuth, value: str, body: bytes = b"") -> None:
+    try:
+        server.verify("GET", "/v1/status", {"Authorization": value}, body)
+    except AuthError as exc:
+        assert 400 <= exc.status < 500, (value[:80], exc.status, str(exc))
+
+
+@FUZZ
+@given(changes=st.dictionaries(CLAIM, JSON_VALUE, max_size=4), drop=st.sets(CLAIM, max_size=2))
+def test_fuzzed_payload_fields_are_4xx(
+    sock: Path, changes: dict[str, object], drop: set[str]
+) -> None:
+    claims: dict[str, object] = {
+        "v": 1,
+        "m": "GET",
+        "p": "/v1/status",
+        "b": body_digest(b""),
+        "t": time.time(),
+        "n": None,
+    }
+    claims.update(changes)
+    for key in drop:
+        claims.pop(key, None)
+    cred = _munge.encode(json.dumps(claims).encode(), sock)
+    _refused_4xx(ServerAuth(AuthConfig(munge_socket=sock)), "MUNGE " + cred)
+
+
+@FUZZ
+@given(text=st.text(LATIN1, max_size=200))
+def test_fuzzed_credential_text_is_4xx(sock: Path, text: str) -> None:
+    server = ServerAuth(AuthConfig(munge_socket=sock))
+    _refused_4xx(server, "MUNGE " + text)
+    _refused_4xx(server, "MUNGE MUNGE:" + text)
+
+
+@FUZZ
+@given(at=st.integers(0, 400), char=LATIN1)
+def test_a_mutated_credential_is_4xx(sock: Path, at: int, char: str) -> None:
+    cred = ClientAuth(AuthConfig(munge_socket=sock)).headers("GET", "/v1/status", b"")
+    value = cred["Authorization"]
+    index = at % len(value)
+    _refused_4xx(
+        ServerAuth(AuthConfig(munge_socket=sock)), value[:index] + char + value[index + 1 :]
+    )
+
+
+@pytest.mark.parametrize(
+    ("stamp", "message"),
+    [
+        ("NaN", "not a request binding"),  # NaN is not JSON
+        ("Infinity", "not a request binding"),
+        ("1e400", "not a plausible time"),
+        ("1e308", "not a plausible time"),
+        ('"soon"', "no timestamp"),
+        ("true", "no timestamp"),
+    ],
+)
+def test_a_non_finite_or_absurd_stamp_is_refused(sock: Path, stamp: str, message: str) -> None:
+    payload = (
+        f'{{"v": 1, "m": "GET", "p": "/v1/status", "b": "{body_digest(b"")}", '
+        f'"t": {stamp}, "n": null}}'
+    )
+    value = "MUNGE " + _munge.encode(payload.encode(), sock)
+    server = ServerAuth(AuthConfig(munge_socket=sock))
+    with pytest.raises(AuthError, match=message) as info:
+        server.verify("GET", "/v1/status", {"Authorization": value}, b"")
+    assert info.value.status == 401
+    with pytest.raises(AuthError) as info:  # nor can it be replayed
+        server.verify("GET", "/v1/status", {"Authorization": value}, b"")
+    assert info.value.status == 401
+
+
+def test_a_deeply_nested_payload_is_401(sock: Path) -> None:
+    # Anyone in the realm can wrap any payload: parsing it must not exhaust the stack.
+    payload = b'{"v": 1, "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    value = "MUNGE " + _munge.encode(payload, sock)
+    with pytest.raises(AuthError, match="not a request binding") as info:
+        ServerAuth(AuthConfig(munge_socket=sock)).verify(
+            "GET", "/v1/status", {"Authorization": value}, b""
+        )
+    assert info.value.status == 401

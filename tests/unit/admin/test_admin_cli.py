@@ -349,3 +349,14 @@ def test_url_from_the_environment(stub: Stub, tmp_path: Any) -> None:
         status, ["--config", str(config)], env={"HYPERPOD_CONTROLLER_URL": stub.url}
     )
     assert result.exit_code == 0, result.output
+
+
+def test_a_config_others_may_change_is_refused_with_exit_3(stub: Stub) -> None:
+    stub.config.chmod(0o666)
+    result = run(stub, status)
+    assert result.exit_code == 3
+    assert result.output == (
+        f"hyperpod: error: {stub.config}: not trusted: it may be changed by group or "
+        "others (mode 0666)\n"
+    )
+    assert stub.seen == []

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.admin.config import AdminConfig, read_config, resolve
+from hyperpod_agent.admin.config import (
+    SYSTEM_CONFIG,
+    AdminConfig,
+    candidate_files,
+    read_config,
+    resolve,
+)
 from hyperpod_agent.errors import ConfigError
 
 
@@ -100,3 +107,71 @@ def test_missing_named_file(tmp_path: Path) -> None:
 
 def test_defaults_use_munge() -> None:
     assert AdminConfig().auth.mode == "munge"
+
+
+NOBODY = 65534
+
+
+def local_cluster(tmp_path: Path) -> Path:
+    etc = tmp_path / "lc" / "etc"
+    etc.mkdir(parents=True)
+    write(etc / "admin.toml", '[controller]\nurl = "http://127.0.0.1:9"\n')
+    return tmp_path / "lc"
+
+
+def test_the_local_cluster_is_read_only_when_named(tmp_path: Path) -> None:
+    # No default directory that any local user could create and fill.
+    assert candidate_files({}) == [SYSTEM_CONFIG]
+    lc = local_cluster(tmp_path)
+    assert candidate_files({"HYPERPOD_LOCAL_CLUSTER_DIR": str(lc)}) == [
+        SYSTEM_CONFIG,
+        lc / "etc" / "admin.toml",
+    ]
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o646])
+def test_a_file_others_may_write_is_not_trusted(tmp_path: Path, mode: int) -> None:
+    lc = local_cluster(tmp_path)
+    (lc / "etc" / "admin.toml").chmod(mode)
+    env = {"HYPERPOD_LOCAL_CLUSTER_DIR": str(lc)}
+    with pytest.raises(ConfigError, match=f"admin.toml: not trusted: .*mode {mode:04o}"):
+        resolve(url=None, munge_socket=None, config_file=None, timeout=None, env=env)
+
+
+def test_a_file_owned_by_someone_else_is_not_trusted(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "a.toml", '[controller]\nurl = "http://file:1"\n')
+    os.chown(cfg, NOBODY, NOBODY)
+    with pytest.raises(
+        ConfigError, match=f"a.toml: not trusted: it is owned by uid {NOBODY}, not by root or you"
+    ):
+        resolve(url=None, munge_socket=None, config_file=cfg, timeout=None, env={})
+
+
+@pytest.mark.parametrize("owner", [0, NOBODY])
+def test_a_directory_others_may_write_is_not_trusted(tmp_path: Path, owner: int) -> None:
+    lc = local_cluster(tmp_path)
+    os.chown(lc / "etc", owner, owner)
+    (lc / "etc").chmod(0o777 if owner == 0 else 0o755)
+    env = {"HYPERPOD_LOCAL_CLUSTER_DIR": str(lc)}
+    with pytest.raises(ConfigError, match=f"not trusted: its directory {lc / 'etc'} "):
+        resolve(url=None, munge_socket=None, config_file=None, timeout=None, env=env)
+
+
+def test_a_sticky_world_writable_directory_is_fine_for_a_trusted_file(tmp_path: Path) -> None:
+    # Like /tmp or /var/tmp: others cannot rename or replace what they do not own.
+    lc = local_cluster(tmp_path)
+    (lc / "etc").chmod(0o1777)
+    env = {"HYPERPOD_LOCAL_CLUSTER_DIR": str(lc)}
+    got = resolve(url=None, munge_socket=None, config_file=None, timeout=None, env=env)
+    assert got.controller.url == "http://127.0.0.1:9"
+
+
+def test_a_symlink_is_judged_by_what_it_points_at(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    target = write(shared / "admin.toml", '[controller]\nurl = "http://x:1"\n')
+    link = tmp_path / "admin.toml"
+    link.symlink_to(target)
+    with pytest.raises(ConfigError, match=f"not trusted: its directory {shared} "):
+        resolve(url=None, munge_socket=None, config_file=link, timeout=None, env={})

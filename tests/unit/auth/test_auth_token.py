@@ -15,6 +15,7 @@ from hyperpod_agent.auth import (
     derive_key,
     require_admin,
     require_node,
+    token_signature,
 )
 from hyperpod_agent.errors import ConfigError
 
@@ -181,6 +182,85 @@ def test_malformed_headers_are_refused_precisely(
     with pytest.raises(AuthError, match=message) as info:
         server.verify("GET", "/v1/status", headers, b"")
     assert info.value.status == 401
+
+
+@pytest.mark.parametrize(
+    "ts",
+    [
+        "nan",
+        "NaN",
+        "inf",
+        "-inf",
+        "Infinity",
+        "1e400",
+        "1e30",
+        "1_800_000_000",
+        "+1800000000",
+        "-5",
+    ],
+)
+def test_non_numeric_or_absurd_timestamps_are_refused(
+    server: ServerAuth, secret_file: Path, ts: str
+) -> None:
+    """A signed request whose time is not a plain, sane number is refused (never
+    'fresh' because NaN compares false with everything)."""
+    headers = _signed(secret_file, "GET", "/v1/status", ts, "ab" * 16)
+    for _ in range(2):  # nor can it be replayed
+        with pytest.raises(AuthError, match="timestamp") as info:
+            server.verify("GET", "/v1/status", headers, b"")
+        assert info.value.status == 401
+
+
+def _signed(secret_file: Path, method: str, path: str, ts: str, nonce: str) -> dict[str, str]:
+    key = derive_key(secret_file.read_bytes().strip(), "admin")
+    sig = token_signature(key, "admin", method, path, ts, nonce, b"")
+    return {"Authorization": f"HPTOKEN role=admin ts={ts} nonce={nonce} sig={sig}"}
+
+
+@pytest.mark.parametrize(
+    "sig", ["\u00e9" * 64, "\u00ff", "z" * 64, "00" * 33, "0" * 63, "\x00" * 64]
+)
+def test_malformed_signature_is_401_not_a_crash(server: ServerAuth, sig: str) -> None:
+    value = f"HPTOKEN role=admin ts={NOW:.3f} nonce={'ab' * 16} sig={sig}"
+    with pytest.raises(AuthError, match="signature") as info:
+        server.verify("GET", "/v1/status", {"Authorization": value}, b"")
+    assert info.value.status == 401
+
+
+@pytest.mark.parametrize("nonce", ["\u00e9" * 32, "", "x", "g" * 32, "ab" * 100])
+def test_malformed_nonce_is_401(server: ServerAuth, secret_file: Path, nonce: str) -> None:
+    headers = _signed(secret_file, "GET", "/v1/status", f"{NOW:.3f}", nonce)
+    with pytest.raises(AuthError) as info:
+        server.verify("GET", "/v1/status", headers, b"")
+    assert info.value.status == 401
+
+
+def test_one_identity_flooding_gets_429_and_leaves_others_alone(
+    secret_file: Path, tmp_path: Path, clock: Clock
+) -> None:
+    config = AuthConfig(
+        mode="token",
+        token_secret_file=secret_file,
+        replay_cache_size=64,
+        replay_cache_per_identity=16,
+    )
+    server = ServerAuth(config, clock=clock)
+    ahead = Clock(NOW + 60)  # stamped at the edge of the allowed skew
+    flooder = node_client(tmp_path, "node1", ahead)
+    honest = node_client(tmp_path, "node2", clock)
+    statuses = []
+    for _ in range(20):
+        try:
+            server.verify("GET", "/v1/status", flooder.headers("GET", "/v1/status", b""), b"")
+            statuses.append(200)
+        except AuthError as exc:
+            statuses.append(exc.status)
+    assert statuses == [200] * 16 + [429] * 4
+    with pytest.raises(AuthError, match="^token of node node1: too many requests") as info:
+        server.verify("GET", "/v1/status", flooder.headers("GET", "/v1/status", b""), b"")
+    assert info.value.status == 429
+    headers = honest.headers("GET", "/v1/status", b"")
+    assert server.verify("GET", "/v1/status", headers, b"").node == "node2"
 
 
 def test_header_lookup_is_case_insensitive(

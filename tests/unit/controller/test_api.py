@@ -21,23 +21,31 @@ with warnings.catch_warnings():
 
 from hyperpod_agent.auth import AuthConfig, AuthError, ClientAuth, ServerAuth
 from hyperpod_agent.controller.api import create_app
+from hyperpod_agent.controller.api_rejections import Rejections
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store import Store
 
 
 class Api:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        rejections: Rejections | None = None,
+        auth: dict[str, Any] | None = None,
+    ) -> None:
         secret = tmp / "secret"
         secret.write_text("s" * 48)
-        self.auth_config = AuthConfig(mode="token", token_secret_file=secret)
+        fields = {"mode": "token", "token_secret_file": str(secret), **(auth or {})}
+        self.auth_config = AuthConfig.model_validate(fields)
         nodes = cluster(4)
         nodes["node5"] = node("node5", flags=("DRAIN",), reason="hyperpod:spare")
         self.slurm = FakeSlurm(nodes)
         self.store = Store(tmp / "s.db")
-        cfg = config(auth={"mode": "token", "token_secret_file": str(secret)})
+        cfg = config(auth=fields)
         self.controller = Controller(cfg, self.store, self.slurm, SparePoolProvider(self.slurm))
-        self.client = TestClient(create_app(self.controller, ServerAuth(self.auth_config)))
+        app = create_app(self.controller, ServerAuth(self.auth_config), rejections)
+        self.client = TestClient(app)
 
     def headers(self, who: str | None, method: str, path: str, body: bytes) -> dict[str, str]:
         if who is None:

@@ -147,3 +147,56 @@ def test_every_schema_route_answers_without_5xx(client: TestClient) -> None:
                 headers={"content-type": "application/json"},
             )
             assert resp.status_code < 500, (method, path, resp.text)
+
+
+@pytest.fixture(scope="module")
+def token_client() -> Iterator[TestClient]:
+    with tempfile.TemporaryDirectory() as tmp:
+        secret = Path(tmp) / "secret"
+        secret.write_text("s" * 48)
+        auth = {"mode": "token", "token_secret_file": str(secret)}
+        slurm = FakeSlurm(cluster(3))
+        controller = Controller(
+            config(auth=auth), Store(Path(tmp) / "s.db"), slurm, SparePoolProvider(slurm)
+        )
+        app = create_app(controller, ServerAuth(AuthConfig.model_validate(auth)))
+        with TestClient(app, raise_server_exceptions=False) as c:
+            yield c
+
+
+# Header values travel as latin-1: any of its characters but CR, LF and NUL.
+HEADER_TEXT = st.text(
+    st.characters(min_codepoint=1, max_codepoint=255, blacklist_characters="\r\n"), max_size=200
+)
+
+
+WORD = st.text(
+    st.characters(min_codepoint=33, max_codepoint=255, blacklist_characters="\x7f"),
+    min_size=1,
+    max_size=70,
+)
+TOKEN = st.builds(
+    "HPTOKEN {} ts={} nonce={} sig={}".format,
+    st.sampled_from(["node=node1", "role=admin", "node=n\u00e9"]),
+    st.sampled_from(["1800000000.000", "nan", "inf", "1e999"]) | WORD,
+    st.sampled_from(["ab" * 16]) | WORD,
+    st.sampled_from(["00" * 32]) | WORD,
+)
+
+
+@FUZZ
+@given(
+    value=HEADER_TEXT
+    | TOKEN
+    | st.builds(lambda rest: "HPTOKEN " + rest, HEADER_TEXT)
+    | st.builds(lambda rest: "MUNGE " + rest, HEADER_TEXT),
+    path=st.sampled_from(["/v1/status", "/v1/reports", "/v1/nodes/node1/actions"]),
+)
+def test_any_authorization_header_is_4xx_through_the_app(
+    token_client: TestClient, value: str, path: str
+) -> None:
+    headers = {"authorization": value.encode("latin-1")}
+    method = "GET" if path == "/v1/status" else "POST"
+    resp = token_client.request(method, path, content=b"{}", headers=headers)
+    assert 400 <= resp.status_code < 500, resp.text
+    assert set(resp.json()) == {"error"}
