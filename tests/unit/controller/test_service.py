@@ -287,3 +287,35 @@ def test_a_job_slurm_shows_with_an_absurd_id_is_left_alone(tmp_path: Path) -> No
     ctl.ingest_report(report("node2", 1, clock.t, faulty=True))
     assert ctl.reconcile_once() is not None
     assert slurm.names("reboot") == ["node2"]
+
+
+def _gpu_report(name: str, seq: int, at: float, status: Status) -> NodeReport:
+    ts = datetime.fromtimestamp(at, UTC)
+    xid = Finding(
+        component="gpu0", code="xid79", status=Status.FAIL, action=Action.REBOOT, urgent=True
+    )
+    failing = status is Status.FAIL
+    return NodeReport(
+        node=name,
+        agent_id="a",
+        seq=seq,
+        generated_at=ts,
+        verdict=Verdict.FAULTY if failing else Verdict.DEGRADED,
+        results=[ProbeResult(probe="gpu", status=status, findings=[xid] if failing else [], at=ts)],
+        confirmed=[FaultRef(probe="gpu", component="gpu0", code="xid79")] if failing else [],
+    )
+
+
+def test_a_probe_timeout_between_two_reports_of_a_fault_is_not_a_repeat(tmp_path: Path) -> None:
+    # xid79, then one gpu probe timeout (UNKNOWN), then xid79 again: one fault, one
+    # remedy, never an escalation to REPLACE.
+    slurm = FakeSlurm(cluster(10))
+    ctl, clock = make(tmp_path, slurm)
+    for seq, status in enumerate((Status.FAIL, Status.UNKNOWN, Status.FAIL), start=1):
+        ctl.ingest_report(_gpu_report("node2", seq, clock.t, status))
+        ctl.reconcile_once()
+        clock.t += 1
+    assert [f.code for f in ctl.store.open_faults()] == ["xid79"]
+    assert len(ctl.store.node_faults("node2")) == 1
+    assert slurm.names("reboot") == ["node2"] and slurm.names("drain") == []
+    assert "fault_cleared" not in [e.kind for e in ctl.store.events()]
