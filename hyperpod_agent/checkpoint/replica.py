@@ -44,8 +44,8 @@ from hyperpod_agent.checkpoint.replica_client import MAX_META, ReplicaClient
 
 log = logging.getLogger(__name__)
 
-PER_PEER = 64  # a node's ranks each restore over several streams (peer_streams)
-TOTAL = 512
+PER_PEER = 256  # every rank of a node restores over several streams (peer_streams)
+TOTAL = 1024
 _RUN = re.compile(r"[0-9a-f]{32}", re.ASCII)
 
 __all__ = ["ReplicaClient", "ReplicaServer", "is_loopback"]
