@@ -83,6 +83,11 @@ class Checkpointer:
             if value < 1:
                 raise CheckpointConfigError(f"{name} must be at least 1, got {value}")
         self.rank, self.world_size, self.local_rank, self.node = rank, world_size, local_rank, node
+        self.peers: dict[str, tuple[str, int]] = dict(peers or {})
+        if self.peers and node not in self.peers:
+            raise CheckpointConfigError(
+                f"node {node!r} is not in the peer list ({', '.join(sorted(self.peers))})"
+            )
         persistent = perms.persistent_dir(Path(persistent_dir))
         self.persistent_dir = layout.ensure_dir(persistent, "persistent tier")
         # The run owns its fast tiers: they live in a directory named after it (identity.py).
@@ -118,20 +123,19 @@ class Checkpointer:
         # thread for CPU and memory bandwidth: on 2 cores it made the blocked time 1.5-3x
         # longer (bench/checkpoint.py). So by default only with CPUs to spare.
         self.overlap = spare_cpus() if overlap is None else overlap
-        self.peers: dict[str, tuple[str, int]] = dict(peers or {})
-        if self.peers and node not in self.peers:
-            raise CheckpointConfigError(
-                f"node {node!r} is not in the peer list ({', '.join(sorted(self.peers))})"
-            )
         self.server: ReplicaServer | None = None
         if serve and node in self.peers:
             host, port = self.peers[node]
             if self.memory_dir is None:
                 log.error("rank %d: no replica server: this node has no memory tier", rank)
             else:
-                self.server = ReplicaServer(
-                    self.memory_root, host, port, secret=self.secret
-                ).start()
+                try:
+                    self.server = ReplicaServer(
+                        self.memory_root, host, port, secret=self.secret
+                    ).start()
+                except BaseException:
+                    self._run_dir.release()
+                    raise
         self._replica = self._successor_client()
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
         self._pool = StagingPool(self.memory_dir, rank)
