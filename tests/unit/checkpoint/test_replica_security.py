@@ -3,7 +3,10 @@ mutual proof, and bounded puts and connections."""
 
 from __future__ import annotations
 
+import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -12,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hyperpod_agent.checkpoint import ReplicaError, ReplicaServer, handshake, wire
+from hyperpod_agent.checkpoint import Checkpointer, ReplicaError, ReplicaServer, handshake, wire
 from hyperpod_agent.checkpoint.replica_client import MAX_META, ReplicaClient
 
 from .conftest import free_port
@@ -218,3 +221,58 @@ def test_a_put_larger_than_the_room_left_is_refused_before_its_body(small_tmpfs:
         client.close()
     finally:
         srv.stop()
+
+
+def test_a_standalone_server_with_the_jobs_secret_serves_every_run_of_the_job(
+    tmp_path: Path,
+) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET.decode() + "\n")
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "hyperpod"),
+            "checkpoint",
+            "serve",
+            "--dir",
+            str(tmp_path / "b"),
+            "--port",
+            str(port),
+            "--secret-file",
+            str(secret_file),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = []
+    try:
+        for name in ("pretrain", "finetune"):
+            ckpt = Checkpointer(
+                tmp_path / name,
+                memory_dir=tmp_path / "a",
+                node="a",
+                peers={"a": ("127.0.0.1", 1), "b": ("127.0.0.1", port)},
+                secret=SECRET,
+                peer_timeout=10,
+            )
+            runs.append(ckpt)
+            value = {"w": np.full(8, float(len(runs)))}
+            assert ckpt.save(len(runs), value).wait() == {
+                "memory": "ok",
+                "peer": "ok",
+                "persistent": "ok",
+            }
+        shutil.rmtree(tmp_path / "a")  # node a lost its memory
+        for i, ckpt in enumerate(runs, start=1):
+            shutil.rmtree(ckpt.persistent_dir / f"step-{i:010d}")  # only the peer has it
+            got = ckpt.load_latest()
+            assert got is not None and got[0] == i and ckpt.last_restore is not None
+            assert ckpt.last_restore.tier == "peer", "each run finds its own replicas"
+            assert np.array_equal(got[1]["w"], np.full(8, float(i)))
+    finally:
+        for ckpt in runs:
+            ckpt.close()
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert "Traceback" not in err
