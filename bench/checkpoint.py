@@ -36,7 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hyperpod_agent.checkpoint import Checkpointer, ReplicaServer, layout  # noqa: E402
+from hyperpod_agent.checkpoint import Checkpointer, ReplicaServer, identity, layout  # noqa: E402
 
 MiB = 1 << 20
 
@@ -131,7 +131,9 @@ def throttle_reads(rate: float) -> Callable[[], None]:
 def bench_ours(size: int, torch: Any, work: Path, reps: int, slow_rate: float) -> dict[str, Any]:
     state = make_state(size, torch)
     mem_a, mem_b, disk = work / "shm-a", work / "shm-b", work / "persistent"
-    server = ReplicaServer(mem_b, "127.0.0.1", 0).start()
+    disk.mkdir(parents=True, exist_ok=True)
+    secret = identity.load_or_create(disk).secret  # the run's own, as its ranks read it
+    server = ReplicaServer(mem_b, "127.0.0.1", 0, secret=secret).start()
     peers = {"a": ("127.0.0.1", 1), "b": server.address}
     ckpt = Checkpointer(
         disk, memory_dir=mem_a, node="a", peers=peers, keep_memory=1, keep_persistent=1

@@ -189,6 +189,7 @@ class Agent:
             cycle_s,
             self.config.cache_path,
         )
+        self.janitor.prepare_root()  # before any job of this boot creates its memory tier
         next_cycle = time.monotonic()
         ready = False
         while not self.stopping.is_set():

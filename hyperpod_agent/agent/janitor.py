@@ -1,32 +1,51 @@
-"""Free the checkpoint memory tier of jobs that are over.
+"""Free the checkpoint memory tiers of jobs that are over, and of runs that are over.
 
-A job's memory tier (``<root>/<job id>/`` on ``/dev/shm``) must outlive its processes:
-a requeued job restores from it on the same node. Nothing else removes it once the job
-is finished for good, and RAM-backed directories of finished jobs would slowly fill the
-node. The agent sweeps them: a directory is removed only when it has been idle for
-``idle_s`` *and* Slurm says its job is finished or no longer knows it. Any doubt (Slurm
-unreachable, output we did not expect, a name that is not a job id) keeps the directory.
+A job's memory directory (``<root>/<job id>/`` on ``/dev/shm``) holds one directory per
+run (``run-<namespace>/``, see hyperpod_agent/checkpoint/identity.py) and must outlive its
+processes: a requeued job restores from it on the same node. Nothing else removes it once
+the job is finished for good, and RAM-backed directories would slowly fill the node. The
+agent sweeps them:
+
+- a job directory idle for ``idle_s`` goes when Slurm says its job is finished or no
+  longer knows it;
+- inside the directory of a *running* job, a run's directory idle for ``idle_s`` that no
+  live process holds (its ``.lock``) goes: another run of the job (a fine-tune after a
+  pre-train, a job id Slurm handed out again) that the job will not restore.
+
+Any doubt (Slurm unreachable, output we did not expect, a name that is not a job id, a
+lock we cannot test) keeps the directory. At start the agent (root) makes the root a
+root-owned directory of mode 1777, so every user's job can create its private directory
+there and nobody can take another's.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import re
 import shutil
+import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from hyperpod_agent.checkpoint.identity import LOCK_FILE, RUN_DIR_RE
+from hyperpod_agent.checkpoint.perms import prepare_shared_root
+from hyperpod_agent.checkpoint.staging import SPARE_PREFIX
 from hyperpod_agent.errors import HyperpodError
 
 log = logging.getLogger(__name__)
 
 MAX_CHECKS_PER_SWEEP = 20  # one small RPC each; the rest wait for the next sweep
+# ASCII digits only, matched whole: str.isdigit() accepts digits int() refuses ("²").
+_JOB_RE = re.compile(r"[0-9]{1,18}", re.ASCII)
+_LEGACY_STEP_RE = re.compile(r"step-[0-9]{10}", re.ASCII)  # before runs had directories
 
-# "finished", "active", or raises: how the caller's Slurm sees one job.
+# "finished", "running", "active" (pending, suspended...), or raises: how Slurm sees a job.
 JobLookup = Callable[[int], str]
 
 
@@ -53,7 +72,7 @@ def slurm_lookup(slurm_conf: str | None, timeout: float = 10.0) -> JobLookup:
         job = client.job(job_id)
         if job is None or job.state in FINISHED_STATES:
             return "finished"
-        return "active"
+        return "running" if job.state == "RUNNING" else "active"
 
     return lookup
 
@@ -72,6 +91,16 @@ class MemoryTierJanitor:
         self.on_removed = on_removed
         self._next = 0.0
         self._thread: threading.Thread | None = None
+
+    def prepare_root(self) -> None:
+        """At agent start: make the root root-owned with mode 1777. Never raises."""
+        if os.geteuid() != 0:
+            log.info("memory root %s: not root, leaving its ownership as it is", self.config.root)
+            return
+        try:
+            prepare_shared_root(self.config.root)
+        except OSError as exc:
+            log.error("memory root %s: couldn't prepare it: %s", self.config.root, exc)
 
     def due(self) -> bool:
         """True when a sweep is due."""
@@ -101,53 +130,137 @@ class MemoryTierJanitor:
         self._thread.start()
         return self._thread
 
+    def job_dirs(self) -> Iterator[tuple[int, Path]]:
+        """Directories of the root whose name is a job id (never symbolic links)."""
+        try:
+            entries = list(os.scandir(self.config.root))
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if _JOB_RE.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                yield int(entry.name), Path(entry.path)
+
     def candidates(self) -> list[tuple[int, Path]]:
         """Job directories idle for ``idle_s``, oldest first."""
         now = time.time()
         found: list[tuple[float, int, Path]] = []
-        try:
-            entries = list(os.scandir(self.config.root))
-        except FileNotFoundError:
-            return []
-        for entry in entries:
-            if not entry.name.isdigit() or not entry.is_dir(follow_symlinks=False):
-                continue
+        for job, path in self.job_dirs():
             try:
-                idle = now - _newest_mtime(Path(entry.path))
+                idle = now - _newest_mtime(path)
             except OSError:
                 continue
             if idle >= self.config.idle_s:
-                found.append((-idle, int(entry.name), Path(entry.path)))
+                found.append((-idle, job, path))
         found.sort()
         return [(job, path) for _, job, path in found]
 
-    def sweep(self) -> list[int]:
-        """Remove the directories of finished jobs; return their job ids."""
-        removed: list[int] = []
-        for job, path in self.candidates()[:MAX_CHECKS_PER_SWEEP]:
+    def stale_runs(self, job_dir: Path) -> list[Path]:
+        """Runs in a job directory that no live process holds, idle for ``idle_s``
+        (including files of the layout before runs had directories)."""
+        now = time.time()
+        stale: list[Path] = []
+        try:
+            entries = list(os.scandir(job_dir))
+        except OSError:
+            return []
+        for entry in entries:
+            path = Path(entry.path)
             try:
-                verdict = self.lookup(job)
-            except HyperpodError as exc:
-                log.warning("memory tier sweep: job %d: %s; keeping everything", job, exc)
-                return removed  # Slurm unreachable: the next ones would fail the same way
-            if verdict != "finished":
+                if RUN_DIR_RE.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                    if not _in_use(path) and now - _newest_mtime(path) >= self.config.idle_s:
+                        stale.append(path)
+                elif _LEGACY_STEP_RE.fullmatch(entry.name) or entry.name.startswith(SPARE_PREFIX):
+                    st = entry.stat(follow_symlinks=False)
+                    if now - st.st_mtime >= self.config.idle_s:
+                        stale.append(path)
+            except OSError:
                 continue
-            shutil.rmtree(path, ignore_errors=True)
-            if path.exists():
-                log.warning("memory tier of finished job %d: could not remove %s", job, path)
-                continue
-            log.info("freed the checkpoint memory tier of finished job %d (%s)", job, path)
-            removed.append(job)
-            if self.on_removed is not None:
-                self.on_removed(job)
+        return sorted(stale)
+
+    def sweep(self) -> list[int]:
+        """Remove the directories of finished jobs and the stale runs of running ones;
+        return the ids of the jobs whose directory went."""
+        removed: list[int] = []
+        verdicts: dict[int, str] = {}
+
+        def verdict(job: int) -> str | None:
+            if job not in verdicts:
+                if len(verdicts) >= MAX_CHECKS_PER_SWEEP:
+                    return None  # the rest wait for the next sweep
+                try:
+                    verdicts[job] = self.lookup(job)
+                except HyperpodError as exc:
+                    log.warning("memory tier sweep: job %d: %s; keeping everything", job, exc)
+                    raise _SlurmUnreachable from exc  # the next ones would fail the same way
+            return verdicts[job]
+
+        try:
+            for job, path in self.candidates():
+                if verdict(job) == "finished" and self._remove_job(job, path):
+                    removed.append(job)
+            for job, path in self.job_dirs():
+                stale = self.stale_runs(path)
+                if stale and verdict(job) == "running":
+                    for run in stale:
+                        self._remove_run(job, run)
+        except _SlurmUnreachable:
+            pass
         return removed
 
+    def _remove_job(self, job: int, path: Path) -> bool:
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            log.warning("memory tier of finished job %d: could not remove %s", job, path)
+            return False
+        log.info("freed the checkpoint memory tier of finished job %d (%s)", job, path)
+        if self.on_removed is not None:
+            self.on_removed(job)
+        return True
 
-def _newest_mtime(path: Path) -> float:
-    """Newest mtime of a job directory and its step directories (a save touches those)."""
+    def _remove_run(self, job: int, path: Path) -> None:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)  # never follows symbolic links
+        else:
+            path.unlink(missing_ok=True)
+        if path.exists():
+            log.warning("memory tier of job %d: could not remove %s", job, path)
+        else:
+            log.info("freed the memory tier of another run of running job %d (%s)", job, path)
+
+
+class _SlurmUnreachable(Exception):
+    """A lookup failed: the sweep stops and removes nothing more."""
+
+
+def _in_use(run_dir: Path) -> bool:
+    """True if a live process holds the run's lock, or if we cannot tell."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _newest_mtime(path: Path, depth: int = 2) -> float:
+    """Newest mtime of a directory and the directories below it, ``depth`` levels down
+    (a job directory, its runs, their steps: a save touches those)."""
     newest = path.stat().st_mtime
+    if depth == 0:
+        return newest
     with os.scandir(path) as entries:
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
-                newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+                newest = max(newest, _newest_mtime(Path(entry.path), depth - 1))
     return newest

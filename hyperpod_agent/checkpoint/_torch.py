@@ -74,6 +74,20 @@ def from_bytes(raw: np.ndarray, dtype: str, shape: tuple[int, ...], device: Any 
     return out
 
 
+def element_size(dtype: str) -> int | None:
+    """Bytes per element of the torch dtype stored as ``dtype``; None if torch has none such."""
+    try:
+        import torch
+    except ImportError as exc:
+        raise CheckpointError(
+            "the checkpoint holds torch tensors but torch is not installed"
+        ) from exc
+    tdtype = getattr(torch, dtype, None) if dtype.isidentifier() else None
+    if not isinstance(tdtype, torch.dtype):
+        return None
+    return int(tdtype.itemsize)
+
+
 def tensor_meta(tensor: Any) -> tuple[str, tuple[int, ...], Any]:
     """(dtype name, shape, device) of a template tensor."""
     return (

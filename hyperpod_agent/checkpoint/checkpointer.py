@@ -8,25 +8,36 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import _threads, layout, loader, metrics, restore
+from hyperpod_agent.checkpoint import (
+    _threads,
+    handshake,
+    identity,
+    layout,
+    loader,
+    memtier,
+    metrics,
+    perms,
+    persistent,
+    restore,
+)
 from hyperpod_agent.checkpoint._threads import lower_priority
-from hyperpod_agent.checkpoint.balance import assign_owners
 from hyperpod_agent.checkpoint.errors import (
     CheckpointConfigError,
     CheckpointError,
     CheckpointStorageError,
 )
 from hyperpod_agent.checkpoint.handle import SaveHandle, spare_cpus
-from hyperpod_agent.checkpoint.replica import ReplicaClient, ReplicaServer
+from hyperpod_agent.checkpoint.replica import ReplicaServer
+from hyperpod_agent.checkpoint.replica_client import ReplicaClient
 from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
-from hyperpod_agent.checkpoint.state import ALIGN, Leaf, copy_leaf, flatten
+from hyperpod_agent.checkpoint.state import Leaf, copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
 
 log = logging.getLogger(__name__)
@@ -57,8 +68,9 @@ class Checkpointer:
         peer_timeout: float = 30.0,
         peer_streams: int = 4,
         overlap: bool | None = None,
-        token: str | None = None,
-        job_id: str = "local",
+        secret: bytes | str | None = None,
+        job_id: str | None = None,
+        attempt: str | None = None,
     ):
         if not 0 <= rank < world_size:
             raise CheckpointConfigError(f"rank {rank} is outside world size {world_size}")
@@ -71,9 +83,34 @@ class Checkpointer:
             if value < 1:
                 raise CheckpointConfigError(f"{name} must be at least 1, got {value}")
         self.rank, self.world_size, self.local_rank, self.node = rank, world_size, local_rank, node
-        self.persistent_dir = layout.ensure_dir(Path(persistent_dir), "persistent tier")
-        mem = memory_dir if memory_dir is not None else f"/dev/shm/hyperpod-ckpt/{job_id}"
-        self.memory_dir = layout.ensure_dir(Path(mem), "memory tier")
+        self.peers: dict[str, tuple[str, int]] = dict(peers or {})
+        if self.peers and node not in self.peers:
+            raise CheckpointConfigError(
+                f"node {node!r} is not in the peer list ({', '.join(sorted(self.peers))})"
+            )
+        persistent = perms.persistent_dir(Path(persistent_dir))
+        self.persistent_dir = layout.ensure_dir(persistent, "persistent tier")
+        # The run owns its fast tiers: they live in a directory named after it (identity.py).
+        self.run = identity.load_or_create(self.persistent_dir)
+        # The job's secret if one is set (a standalone replica server knows only that one),
+        # else the run's own: every rank reads it from the persistent directory.
+        self.secret: bytes = handshake.as_secret(secret) or self.run.secret
+        self.attempt = attempt or identity.launch_token(os.environ, world_size)
+        self.memory_root = (
+            Path(memory_dir) if memory_dir is not None else identity.default_job_dir(job_id)
+        )
+        self._run_dir = memtier.RunDir(self.memory_root, self.run, self.persistent_dir, rank)
+        self.memory_dir: Path | None = self._run_dir.path
+        others = self._run_dir.others() if self.memory_dir is not None else []
+        if others and local_rank == 0:
+            log.warning(
+                "memory tier %s: ignoring the checkpoints of %d other run(s) here (%s): they "
+                "are not this run's (its identity is %s); the node agent frees them",
+                self.memory_root,
+                len(others),
+                ", ".join(others),
+                self.persistent_dir / identity.RUN_FILE,
+            )
         self.persistent_every, self.keep_memory = persistent_every, keep_memory
         self.keep_persistent = keep_persistent
         self.replicated = frozenset(replicated)
@@ -81,21 +118,24 @@ class Checkpointer:
         self.replica_group = group if rank in group else [rank]
         self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
         self.peer_streams = peer_streams
-        self.token = token or None  # shared by the job's ranks; required by our servers
         # Writing the persistent tier while later leaves are still being staged shortens the
         # time to durable by the staging copy, but the writer then competes with the training
         # thread for CPU and memory bandwidth: on 2 cores it made the blocked time 1.5-3x
         # longer (bench/checkpoint.py). So by default only with CPUs to spare.
         self.overlap = spare_cpus() if overlap is None else overlap
-        self.peers: dict[str, tuple[str, int]] = dict(peers or {})
-        if self.peers and node not in self.peers:
-            raise CheckpointConfigError(
-                f"node {node!r} is not in the peer list ({', '.join(sorted(self.peers))})"
-            )
         self.server: ReplicaServer | None = None
         if serve and node in self.peers:
             host, port = self.peers[node]
-            self.server = ReplicaServer(self.memory_dir, host, port, token=self.token).start()
+            if self.memory_dir is None:
+                log.error("rank %d: no replica server: this node has no memory tier", rank)
+            else:
+                try:
+                    self.server = ReplicaServer(
+                        self.memory_root, host, port, secret=self.secret
+                    ).start()
+                except BaseException:
+                    self._run_dir.release()
+                    raise
         self._replica = self._successor_client()
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
         self._pool = StagingPool(self.memory_dir, rank)
@@ -125,7 +165,14 @@ class Checkpointer:
         if nxt is None:
             return None
         host, port = self.peers[nxt]
-        return ReplicaClient(host, port, nxt, timeout=self.peer_timeout, token=self.token)
+        return ReplicaClient(
+            host,
+            port,
+            self.run.namespace,
+            node=nxt,
+            timeout=self.peer_timeout,
+            secret=self.secret,
+        )
 
     # ---- save -----------------------------------------------------------------------------
 
@@ -143,16 +190,18 @@ class Checkpointer:
             if self._last is not None:
                 # Back-pressure: one save in flight at a time, so the staging memory is bounded.
                 self._last._future.exception()
+            self._run_dir.ensure()
             size = plan_layout(leaves)
             slot = self._pool.acquire(size)
             staging = slot.array[:size]
             index = self._saves
             self._saves += 1
+            save = f"{self.attempt}.{index}"
             times = {"start": t0}
             progress = Progress()
             # The writers start now and follow the copy below leaf by leaf.
             fut = self._workers.submit(
-                self._durable, step, index, skeleton, leaves, size, times, slot, progress
+                self._durable, step, index, save, skeleton, leaves, size, times, slot, progress
             )
             self._last = SaveHandle(step, fut, times)
             try:
@@ -183,15 +232,19 @@ class Checkpointer:
             self._replica.close()
         if self.server is not None:
             self.server.stop()
+        self._run_dir.release()
 
-    def _meta(
-        self, step: int, skeleton: Any, entries: list[dict[str, Any]], size: int
+    def rank_meta(
+        self, step: int, save: str, skeleton: Any, entries: list[dict[str, Any]], size: int
     ) -> dict[str, Any]:
+        """This rank's metadata of one save in one tier."""
         return {
             "format": layout.FORMAT,
             "step": step,
             "rank": self.rank,
             "world_size": self.world_size,
+            "run": self.run.run,
+            "save": save,
             "node": self.node,
             "created": time.time(),
             "checksum": layout.CHECKSUM,
@@ -204,6 +257,7 @@ class Checkpointer:
         self,
         step: int,
         index: int,
+        save: str,
         skeleton: Any,
         leaves: list[Leaf],
         size: int,
@@ -220,15 +274,15 @@ class Checkpointer:
             jobs.append(
                 (
                     "peer",
-                    lambda: self._write_peer(step, buf, skeleton, metas, times, progress),
+                    lambda: self._write_peer(step, save, buf, skeleton, metas, times, progress),
                 )
             )
         if index % self.persistent_every == 0:
             jobs.append(
                 (
                     "persistent",
-                    lambda: self._write_persistent(
-                        step, skeleton, leaves, buf, metas, times, progress
+                    lambda: persistent.write(
+                        self, step, save, skeleton, leaves, buf, metas, times, progress
                     ),
                 )
             )
@@ -261,11 +315,13 @@ class Checkpointer:
                 t.join()
             self._pool.forget(slot)
             if isinstance(exc, StagingAborted):
-                return {name: str(exc) for name in ("memory", *tiers)}
+                mem = ("memory",) if self.memory_dir is not None else ()
+                return {name: str(exc) for name in (*mem, *tiers)}
             raise  # pragma: no cover - crc32 of a mapped buffer
         metas.set_result(entries)
-        meta = self._meta(step, skeleton, entries, size)
-        self._tier(tiers, "memory", lambda: self._write_memory(step, slot, meta, times), times)
+        if self.memory_dir is not None:
+            meta = self.rank_meta(step, save, skeleton, entries, size)
+            self._tier(tiers, "memory", lambda: self._write_memory(step, slot, meta, times), times)
         for t in threads:
             t.join()
         if slot.mapped:
@@ -292,10 +348,10 @@ class Checkpointer:
     def _write_memory(
         self, step: int, slot: Slot, meta: dict[str, Any], times: dict[str, float]
     ) -> None:
-        if not slot.mapped:
+        if not slot.mapped or self.memory_dir is None:
             raise CheckpointStorageError(slot.error or "memory tier unavailable")
         d = layout.step_dir(self.memory_dir, step)
-        d.mkdir(parents=True, exist_ok=True)
+        d.mkdir(exist_ok=True)  # inside the run's own directory, never its parents
         # A stale metadata file of an earlier attempt at this step must not vouch for the
         # new data while it is being renamed in.
         (d / layout.meta_name(self.rank)).unlink(missing_ok=True)
@@ -316,6 +372,7 @@ class Checkpointer:
     def _write_peer(
         self,
         step: int,
+        save: str,
         data: np.ndarray,
         skeleton: Any,
         metas: Future[list[dict[str, Any]]],
@@ -326,88 +383,13 @@ class Checkpointer:
         lower_priority(_threads.NETWORK)
         progress.wait(data.size)  # the network is not the bottleneck of durability: send whole
         self._replica.put(step, layout.data_name(self.rank), data)
-        meta = self._meta(step, skeleton, metas.result(), data.size)
+        meta = self.rank_meta(step, save, skeleton, metas.result(), data.size)
         self._replica.put(
             step, layout.meta_name(self.rank), json.dumps(meta, separators=(",", ":")).encode()
         )
         times["peer"] = time.perf_counter() - times["start"]
         metrics.BYTES_WRITTEN.labels("peer").inc(data.nbytes)
         self._replica.prune([self.rank], self.keep_memory)
-
-    def _write_persistent(
-        self,
-        step: int,
-        skeleton: Any,
-        leaves: list[Leaf],
-        buf: np.ndarray,
-        metas: Future[list[dict[str, Any]]],
-        times: dict[str, float],
-        progress: Progress,
-    ) -> None:
-        owners = assign_owners(leaves, self.replicated, self.replica_group)
-        placed: list[int | None] = []  # offset in this rank's file, None if another rank's
-        pos = 0
-        for leaf in leaves:
-            if owners.get(leaf.path, self.rank) != self.rank:
-                placed.append(None)
-                continue
-            pos += -pos % ALIGN
-            placed.append(pos)
-            pos += leaf.nbytes
-
-        def chunks() -> Iterator[memoryview]:
-            if not self.overlap:
-                progress.wait(len(buf))
-            at = 0
-            for leaf, where in zip(leaves, placed, strict=True):
-                if where is None:
-                    continue
-                if where > at:
-                    yield memoryview(bytes(where - at))
-                progress.wait(leaf.offset + leaf.nbytes)  # written as soon as it is staged
-                yield buf[leaf.offset : leaf.offset + leaf.nbytes].data
-                at = where + leaf.nbytes
-
-        d = layout.step_dir(self.persistent_dir, step)
-        layout.atomic_write(d / layout.data_name(self.rank), chunks())
-        stored: list[dict[str, Any]] = []
-        for leaf, e, at in zip(leaves, metas.result(), placed, strict=True):
-            if at is None:
-                stored.append(leaf.describe() | {"owner": owners[leaf.path]})
-            else:
-                stored.append({**e, "offset": at})
-        layout.write_json(d / layout.meta_name(self.rank), self._meta(step, skeleton, stored, pos))
-        metrics.BYTES_WRITTEN.labels("persistent").inc(pos)
-        if self.rank == 0:
-            self._commit(step)
-            times["persistent"] = time.perf_counter() - times["start"]
-            layout.prune(self.persistent_dir, self.keep_persistent, committed=True)
-
-    def _commit(self, step: int) -> None:
-        """Rank 0 writes the step metadata once every rank's shard is in the persistent tier."""
-        deadline = time.monotonic() + self.commit_timeout
-        while True:
-            info = layout.scan(self.persistent_dir).get(step)
-            if info is not None and info.complete(self.world_size):
-                break
-            if time.monotonic() >= deadline:
-                have = sorted(info.ranks) if info else []
-                raise CheckpointError(
-                    f"step {step}: only ranks {have} of {self.world_size} reached the "
-                    f"persistent tier within {self.commit_timeout:g} s"
-                )
-            time.sleep(0.05)
-        d = layout.step_dir(self.persistent_dir, step)
-        layout.write_json(
-            d / layout.STEP_META,
-            {
-                "format": layout.FORMAT,
-                "step": step,
-                "world_size": self.world_size,
-                "checksum": layout.CHECKSUM,
-                "created": time.time(),
-            },
-        )
 
     # ---- restore --------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from hyperpod_agent.checkpoint import inspect, layout
+from hyperpod_agent.checkpoint import handshake, inspect, layout
 from hyperpod_agent.checkpoint.errors import CheckpointError
 from hyperpod_agent.errors import HyperpodError
 
@@ -147,32 +147,36 @@ def prune_cmd(directory: Path, keep: int, as_json: bool) -> None:
 
 
 @checkpoint.command("serve")
-@click.option("--dir", "directory", type=DIR, required=True, help="Memory tier directory.")
+@click.option("--dir", "directory", type=DIR, required=True, help="The job's memory directory.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), required=True)
 @click.option(
+    "--secret-file",
     "--token-file",
+    "secret_file",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Require this shared secret (first line of the file); default: "
-    "$HYPERPOD_CHECKPOINT_TOKEN, else none.",
+    help="The job's secret (first line of the file); default: $HYPERPOD_CHECKPOINT_SECRET. "
+    "Required to listen on anything but loopback.",
 )
 @_one_line_errors
-def serve_cmd(directory: Path, host: str, port: int, token_file: Path | None) -> None:
+def serve_cmd(directory: Path, host: str, port: int, secret_file: Path | None) -> None:
     """Run a peer replica server for this node's memory tier until interrupted."""
     import os
 
     from hyperpod_agent.checkpoint.replica import ReplicaServer
 
-    token = os.environ.get("HYPERPOD_CHECKPOINT_TOKEN") or None
-    if token_file is not None:
+    env = "HYPERPOD_CHECKPOINT_SECRET"
+    secret = os.environ.get(env) or os.environ.get("HYPERPOD_CHECKPOINT_TOKEN") or None
+    if secret_file is not None:
+        env = str(secret_file)
         try:
-            token = token_file.read_text().strip() or None
+            secret = secret_file.read_text().strip() or None
         except OSError as exc:
-            raise CheckpointError(f"{token_file}: cannot read: {exc.strerror or exc}") from exc
-        if token is None:
-            raise CheckpointError(f"{token_file}: empty token file")
+            raise CheckpointError(f"{secret_file}: cannot read: {exc.strerror or exc}") from exc
+        if secret is None:
+            raise CheckpointError(f"{secret_file}: empty secret file")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    server = ReplicaServer(directory, host, port, token=token)
+    server = ReplicaServer(directory, host, port, secret=handshake.as_secret(secret, env))
     logging.getLogger(__name__).info("serving %s on %s:%d", directory, *server.address)
     try:
         server.serve_forever()

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 
-_STEP_RE = re.compile(r"^step-(\d{10})$")
+_STEP_RE = re.compile(r"step-([0-9]{10})", re.ASCII)  # fullmatch: see layout.py
 COMMIT = ".metadata"
 
 
@@ -42,7 +42,7 @@ def dcp_steps(ckpt: Checkpointer) -> list[int]:
         return []
     steps = []
     for e in entries:
-        m = _STEP_RE.match(e.name)
+        m = _STEP_RE.fullmatch(e.name)
         if m and (Path(e.path) / COMMIT).is_file():
             steps.append(int(m.group(1)))
     return sorted(steps)
@@ -78,7 +78,7 @@ def dcp_prune(ckpt: Checkpointer, keep: int) -> list[int]:
     root = dcp_root(ckpt)
     removed = []
     for e in os.scandir(root):
-        m = _STEP_RE.match(e.name)
+        m = _STEP_RE.fullmatch(e.name)
         if m and int(m.group(1)) < oldest_kept:
             # The commit marker goes first so a half-deleted step is never taken as complete.
             (Path(e.path) / COMMIT).unlink(missing_ok=True)

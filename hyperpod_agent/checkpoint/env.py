@@ -2,15 +2,15 @@
 
 | variable | meaning |
 |---|---|
-| HYPERPOD_CHECKPOINT_DIR | persistent tier root (required; already job-specific) |
-| HYPERPOD_CHECKPOINT_MEMORY_DIR | memory tier root (default /dev/shm/hyperpod-ckpt/<job>) |
+| HYPERPOD_CHECKPOINT_DIR | persistent tier root (required; one per run) |
+| HYPERPOD_CHECKPOINT_MEMORY_DIR | job memory directory (default /dev/shm/hyperpod-ckpt/<job>) |
 | HYPERPOD_CHECKPOINT_PEERS | ``node=host:port,...`` for every node of the job |
 | HYPERPOD_CHECKPOINT_SERVE | 1: local rank 0 hosts this node's replica server |
 | HYPERPOD_CHECKPOINT_PERSISTENT_EVERY | write the persistent tier every M-th save (1) |
 | HYPERPOD_CHECKPOINT_KEEP_MEMORY / _KEEP_PERSISTENT | steps kept per tier (2 / 3) |
 | HYPERPOD_CHECKPOINT_REPLICATED | comma-separated paths identical on every rank |
 | HYPERPOD_CHECKPOINT_PEER_STREAMS | TCP connections a restore from a peer uses (4) |
-| HYPERPOD_CHECKPOINT_TOKEN | shared secret the job's replica servers require (unset: none) |
+| HYPERPOD_CHECKPOINT_SECRET | the job's replica secret (default: the run's own, from run.json) |
 
 Rank, world size and local rank come from RANK/WORLD_SIZE/LOCAL_RANK (torchrun) or
 SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; the node from SLURMD_NODENAME or the host name.
@@ -18,13 +18,16 @@ SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; the node from SLURMD_NODENAME or the ho
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import Mapping
 from typing import Any
 
 from hyperpod_agent.checkpoint.errors import CheckpointConfigError
+from hyperpod_agent.checkpoint.identity import launch_token
 
 PREFIX = "HYPERPOD_CHECKPOINT_"
+_PORT = re.compile(r"[0-9]{1,5}", re.ASCII)  # not isdigit(): it accepts digits int() refuses
 
 
 def _int(env: Mapping[str, str], names: tuple[str, ...], default: int, low: int = 0) -> int:
@@ -48,7 +51,7 @@ def parse_peers(text: str, var: str = PREFIX + "PEERS") -> dict[str, tuple[str, 
     for item in filter(None, (p.strip() for p in text.split(","))):
         node, eq, addr = item.partition("=")
         host, colon, port = addr.rpartition(":")
-        if not eq or not node or not colon or not host or not port.isdigit():
+        if not eq or not node or not colon or not host or not _PORT.fullmatch(port):
             raise CheckpointConfigError(f"{var}: {item!r}: expected node=host:port")
         if not 0 < int(port) < 65536:
             raise CheckpointConfigError(f"{var}: {item!r}: port out of range")
@@ -67,10 +70,10 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     rank = _int(env, ("RANK", "SLURM_PROCID"), 0)
     if rank >= world:
         raise CheckpointConfigError(f"rank {rank} is outside world size {world}")
-    job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or "local"
+    job = env.get("SLURM_JOB_ID") or None
     kwargs: dict[str, Any] = {
         "persistent_dir": root,
-        "memory_dir": env.get(PREFIX + "MEMORY_DIR") or f"/dev/shm/hyperpod-ckpt/{job}",
+        "memory_dir": env.get(PREFIX + "MEMORY_DIR") or None,
         "rank": rank,
         "world_size": world,
         "local_rank": _int(env, ("LOCAL_RANK", "SLURM_LOCALID"), 0),
@@ -80,9 +83,11 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "keep_memory": _int(env, (PREFIX + "KEEP_MEMORY",), 2, low=1),
         "keep_persistent": _int(env, (PREFIX + "KEEP_PERSISTENT",), 3, low=1),
         "peer_streams": _int(env, (PREFIX + "PEER_STREAMS",), 4, low=1),
-        "token": env.get(PREFIX + "TOKEN") or None,
+        # TOKEN: the variable's earlier name
+        "secret": env.get(PREFIX + "SECRET") or env.get(PREFIX + "TOKEN") or None,
         "replicated": [p for p in env.get(PREFIX + "REPLICATED", "").split(",") if p],
         "job_id": job,
+        "attempt": launch_token(env, world),
     }
     serve = env.get(PREFIX + "SERVE", "0")
     if serve not in ("0", "1"):

@@ -6,8 +6,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyperpod_agent.checkpoint import layout
-from hyperpod_agent.checkpoint.errors import CheckpointStorageError, CorruptShardError
+from hyperpod_agent.checkpoint import layout, validate
+from hyperpod_agent.checkpoint.errors import (
+    CheckpointError,
+    CheckpointStorageError,
+    CorruptShardError,
+)
 
 
 def open_root(root: Path) -> Path:
@@ -44,9 +48,10 @@ def describe(root: Path, step: int) -> dict[str, Any]:
     info = layout.scan(open_root(root)).get(step)
     if info is None:
         raise CheckpointStorageError(f"{root}: no step {step}")
+    ws = layout.step_world_size(root, step)
     ranks = []
     for r in sorted(info.ranks):
-        meta = layout.read_json(layout.step_dir(root, step) / layout.meta_name(r))
+        meta, entries = _rank_meta(root, step, r, ws)
         leaves = [
             {
                 "path": e["path"],
@@ -56,12 +61,11 @@ def describe(root: Path, step: int) -> dict[str, Any]:
                 "nbytes": e["nbytes"],
                 "owner": e.get("owner", r),
             }
-            for e in meta["entries"]
+            for e in entries
         ]
         ranks.append(
             {"rank": r, "node": meta.get("node"), "data_size": meta["data_size"], "leaves": leaves}
         )
-    ws = layout.step_world_size(root, step)
     return {
         "step": step,
         "world_size": ws,
@@ -102,12 +106,12 @@ def verify_step(root: Path, step: int) -> Verdict:
     refs: list[tuple[int, str, int]] = []
     for r in sorted(info.ranks):
         try:
-            meta = layout.read_json(d / layout.meta_name(r))
-            buf = layout.read_file(d / layout.data_name(r), int(meta["data_size"]))
-            layout.verify_entries(d / layout.data_name(r), buf, meta["entries"])
-            owned[r] = {e["path"] for e in meta["entries"] if "owner" not in e}
-            refs += [(r, e["path"], int(e["owner"])) for e in meta["entries"] if "owner" in e]
-        except CorruptShardError as exc:
+            meta, entries = _rank_meta(root, step, r, ws)
+            buf = layout.read_file(d / layout.data_name(r), meta["data_size"])
+            layout.verify_entries(d / layout.data_name(r), buf, entries)
+            owned[r] = {e["path"] for e in entries if "owner" not in e}
+            refs += [(r, e["path"], e["owner"]) for e in entries if "owner" in e]
+        except CheckpointError as exc:
             verdict.problems.append(str(exc))
     for r, path, owner in refs:
         if owner in owned and path not in owned[owner]:
@@ -115,3 +119,15 @@ def verify_step(root: Path, step: int) -> Verdict:
                 f"{d / layout.data_name(owner)}: lacks leaf {path!r} that rank {r} relies on"
             )
     return verdict
+
+
+def _rank_meta(
+    root: Path, step: int, rank: int, world_size: int | None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A rank's metadata, validated (CorruptShardError naming the file and the field)."""
+    path = layout.step_dir(root, step) / layout.meta_name(rank)
+    meta = layout.read_json(path)
+    if world_size is None:
+        raise CorruptShardError(f"{path}: no readable world size for step {step}")
+    entries, _ = validate.rank_meta(meta, path, step=step, rank=rank, world_size=world_size)
+    return meta, entries

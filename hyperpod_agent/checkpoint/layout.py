@@ -45,8 +45,10 @@ except ImportError:  # pragma: no cover - depends on the installation
 FORMAT = 1
 CHECKSUM = "crc32"  # the zlib CRC-32; zlib-ng computes the same value ~8x faster (see below)
 STEP_META = "step.json"
-_STEP_RE = re.compile(r"^step-(\d{10})$")
-_SHARD_RE = re.compile(r"^rank-(\d{5})\.(bin|json)$")
+# Names are parsed with fullmatch and ASCII classes only: ``$`` also matches before a final
+# newline, and ``\d`` matches every Unicode digit.
+_STEP_RE = re.compile(r"step-([0-9]{10})", re.ASCII)
+_SHARD_RE = re.compile(r"rank-([0-9]{5})\.(bin|json)", re.ASCII)
 _CHUNK = 16 << 20
 
 
@@ -67,7 +69,7 @@ def meta_name(rank: int) -> str:
 
 def valid_shard_name(name: str) -> bool:
     """True for the only file names a shard may have (guards the replica server's paths)."""
-    return bool(_SHARD_RE.match(name))
+    return _SHARD_RE.fullmatch(name) is not None
 
 
 def checksum(data: np.ndarray | memoryview | bytes) -> int:
@@ -97,6 +99,16 @@ def ensure_dir(path: Path, what: str) -> Path:
     return path
 
 
+def make_dir(path: Path, mode: int = 0o777) -> None:
+    """Create one directory level (its parent must exist) and make the new entry durable:
+    a file fsynced inside a directory whose own entry was lost in a crash is lost too."""
+    try:
+        os.mkdir(path, mode)
+    except FileExistsError:
+        return
+    fsync_dir(path.parent)
+
+
 def fsync_dir(path: Path) -> None:
     """Make a rename in ``path`` durable."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -107,8 +119,13 @@ def fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: Path, chunks: Iterable[bytes | memoryview], sync: bool = True) -> int:
-    """Write ``chunks`` to ``path`` via a temporary file + fsync + rename; return bytes written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write ``chunks`` to ``path`` via a temporary file + fsync + rename; return bytes written.
+
+    The parent directory is created if missing (one level: its own parent must exist)."""
+    if sync:
+        make_dir(path.parent)
+    else:
+        path.parent.mkdir(exist_ok=True)
     tmp = path.parent / f".tmp-{path.name}-{uuid.uuid4().hex[:12]}"
     total = 0
     try:
@@ -140,13 +157,22 @@ def write_json(path: Path, obj: Any, sync: bool = True) -> None:
 def read_json(path: Path) -> dict[str, Any]:
     """Read a metadata file; a missing or unparsable one is a corrupt shard naming the file."""
     try:
-        obj = json.loads(path.read_bytes())
+        raw = path.read_bytes()
     except FileNotFoundError as exc:
         raise CorruptShardError(f"{path}: missing") from exc
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise CorruptShardError(f"{path}: unreadable metadata: {exc}") from exc
+    return parse_meta(raw, path)
+
+
+def parse_meta(raw: bytes, label: object) -> dict[str, Any]:
+    """Parse a metadata document read from ``label`` (a file or a peer's copy)."""
+    try:
+        obj = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptShardError(f"{label}: unreadable metadata: {exc}") from None
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise CorruptShardError(f"{path}: not a format-{FORMAT} checkpoint metadata file")
+        raise CorruptShardError(f"{label}: not a format-{FORMAT} checkpoint metadata file")
     return obj
 
 
@@ -217,12 +243,12 @@ def scan(root: Path) -> dict[int, StepInfo]:
     except FileNotFoundError:
         return steps
     for d in dirs:
-        m = _STEP_RE.match(d.name)
+        m = _STEP_RE.fullmatch(d.name)
         if not m or not d.is_dir():
             continue
         info = StepInfo(int(m.group(1)))
         for f in os.scandir(d.path):
-            sm = _SHARD_RE.match(f.name)
+            sm = _SHARD_RE.fullmatch(f.name)
             if sm and sm.group(2) == "json":
                 info.ranks.add(int(sm.group(1)))
             elif f.name == STEP_META:
@@ -237,7 +263,7 @@ def step_world_size(root: Path, step: int) -> int | None:
     for name in [STEP_META, *sorted(p.name for p in d.glob("rank-*.json"))]:
         try:
             return int(read_json(d / name)["world_size"])
-        except (CorruptShardError, KeyError, ValueError):
+        except (CorruptShardError, KeyError, TypeError, ValueError):
             continue
     return None
 

@@ -5,20 +5,23 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperpod_agent.checkpoint import _torch, layout, metrics, restore
 from hyperpod_agent.checkpoint.errors import CheckpointError, CorruptShardError, ReplicaError
-from hyperpod_agent.checkpoint.replica import ReplicaClient
+from hyperpod_agent.checkpoint.replica_client import ReplicaClient
 
 if TYPE_CHECKING:
     from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 
 log = logging.getLogger(__name__)
+_NUMBER = re.compile(r"[0-9]{1,18}", re.ASCII)
 
 PeerViews = list[tuple[restore.PeerSource, dict[int, set[int]]]]
+_NONE = layout.StepInfo(-1)
 
 
 def _peer_views(ck: Checkpointer) -> PeerViews:
@@ -30,13 +33,15 @@ def _peer_views(ck: Checkpointer) -> PeerViews:
         client = ReplicaClient(
             host,
             port,
-            node,
+            ck.run.namespace,
+            node=node,
             timeout=ck.peer_timeout,
             connect_timeout=min(3.0, ck.peer_timeout),
-            token=ck.token,
+            secret=ck.secret,
         )
         try:
-            out.append((restore.PeerSource(node, client, ck.peer_streams), client.steps()))
+            src = restore.PeerSource(node, client, ck.peer_streams, run=ck.run.run)
+            out.append((src, client.steps()))
         except ReplicaError as exc:
             log.warning("rank %d: peer %s not consulted: %s", ck.rank, node, exc)
             client.close()
@@ -47,9 +52,10 @@ class _Views:
     """What every tier holds, listed once per restore."""
 
     def __init__(self, ck: Checkpointer):
-        self.local = layout.scan(ck.memory_dir)
+        self.local = layout.scan(ck.memory_dir) if ck.memory_dir is not None else {}
         self.peers = _peer_views(ck)
         self.durable = {s for s, i in layout.scan(ck.persistent_dir).items() if i.committed}
+        self.persistent = restore.DirSource("persistent", ck.persistent_dir, committed=True)
 
     def candidates(self, world_size: int) -> list[int]:
         """Steps complete in the fast tiers (all nodes together) or committed, newest first."""
@@ -63,11 +69,11 @@ class _Views:
     def sources(self, ck: Checkpointer, step: int) -> list[restore.Source]:
         """Where this rank's shard of ``step`` can be read, fastest first."""
         out: list[restore.Source] = []
-        if step in self.local and ck.rank in self.local[step].ranks:
-            out.append(restore.DirSource("memory", ck.memory_dir))
+        if ck.memory_dir is not None and ck.rank in self.local.get(step, _NONE).ranks:
+            out.append(restore.DirSource("memory", ck.memory_dir, run=ck.run.run))
         out += [src for src, view in self.peers if ck.rank in view.get(step, ())]
         if step in self.durable:
-            out.append(restore.DirSource("persistent", ck.persistent_dir))
+            out.append(self.persistent)
         return out
 
     def close(self) -> None:
@@ -143,15 +149,14 @@ def note_resume(persistent_dir: Path, step: int) -> None:
     """Tell the controller which step a requeued job resumed from: rank 0 writes
     ``<persistent>/resume.json`` (contract in docs/auto-resume.md). Best effort: a
     failure here must never stop training."""
-    restarts = os.environ.get("SLURM_RESTART_COUNT", "")
     doc: dict[str, Any] = {
         "step": int(step),
         "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
-    if restarts.isdigit():
-        doc["restart_count"] = int(restarts)
-    if os.environ.get("SLURM_JOB_ID", "").isdigit():
-        doc["job_id"] = int(os.environ["SLURM_JOB_ID"])
+    for key, var in (("restart_count", "SLURM_RESTART_COUNT"), ("job_id", "SLURM_JOB_ID")):
+        value = os.environ.get(var, "")
+        if _NUMBER.fullmatch(value):  # not isdigit(): int() rejects some digits it accepts
+            doc[key] = int(value)
     path = persistent_dir / "resume.json"
     tmp = path.with_name(f".resume.json.{os.getpid()}")
     try:

@@ -71,9 +71,10 @@ class Slot:
 
 
 class StagingPool:
-    """Staging slots of one rank in one memory-tier directory."""
+    """Staging slots of one rank in one memory-tier directory (None: no memory tier, every
+    save stages in process memory)."""
 
-    def __init__(self, root: Path, rank: int):
+    def __init__(self, root: Path | None, rank: int):
         self.root, self.rank = root, rank
         self._slots: list[Slot] = []
         self._anon = Slot(np.empty(0, dtype=np.uint8))
@@ -84,6 +85,8 @@ class StagingPool:
 
     def _sweep(self) -> None:
         """Remove spares left by an earlier process of this rank (they hold /dev/shm memory)."""
+        if self.root is None:
+            return
         try:
             names = os.listdir(self.root)
         except OSError:
@@ -149,6 +152,8 @@ class StagingPool:
             return False
 
     def _create(self, size: int, quiet: bool = False) -> Slot | None:
+        if self.root is None:
+            return None
         path = self.root / f"{self._prefix()}{uuid.uuid4().hex[:12]}"
         fd = -1
         try:
@@ -173,7 +178,6 @@ class StagingPool:
     def publish(self, slot: Slot, step: int, dest: Path) -> None:
         """The slot's file becomes ``dest`` (a step's data file), atomically."""
         assert slot.path is not None
-        dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(slot.path, dest)
         slot.path, slot.step = dest, step
 
@@ -196,7 +200,7 @@ class StagingPool:
         if slot is None:
             return False
         slot.step = None
-        if not slot.still_ours():
+        if self.root is None or not slot.still_ours():
             self._drop(slot)
             return False
         spare = self.root / f"{self._prefix()}{uuid.uuid4().hex[:12]}"

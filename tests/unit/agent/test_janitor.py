@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import stat
 import time
 from pathlib import Path
 
@@ -139,3 +141,96 @@ def test_background_sweep_never_holds_up_the_caller(tmp_path: Path) -> None:
     release.set()
     thread.join(10)
     assert not d.exists()
+
+
+def test_odd_digit_names_never_break_a_sweep(tmp_path: Path) -> None:
+    # isdigit() is true for all of these; int() refuses some, and none is a Slurm job id.
+    odd = [job_dir(tmp_path, name, 2 * HOUR) for name in ("\u00b2", "\u0661\u0662", "\uff17")]
+    done = job_dir(tmp_path, "801", 2 * HOUR)
+    janitor, asked = make(tmp_path, {801: "finished"})
+    assert janitor.sweep() == [801]
+    assert not done.exists() and all(d.exists() for d in odd)
+    assert asked == [801]
+
+
+def run_dir(job: Path, name: str, age_s: float) -> Path:
+    """A run's directory with one step, untouched for ``age_s``."""
+    d = job / f"run-{name * 32}"
+    step = d / "step-0000000004"
+    step.mkdir(parents=True)
+    (step / "rank-00000.bin").write_bytes(b"x")
+    then = time.time() - age_s
+    for p in (step, d):
+        os.utime(p, (then, then))
+    return d
+
+
+def test_stale_runs_of_a_running_job_go_and_live_ones_stay(tmp_path: Path) -> None:
+    job = tmp_path / "901"
+    job.mkdir()
+    old = run_dir(job, "a", 2 * HOUR)  # a pre-train before this fine-tune, nobody holds it
+    held = run_dir(job, "b", 2 * HOUR)  # idle between two saves, its process alive
+    fresh = run_dir(job, "c", 60)
+    legacy = job / "step-0000000002"  # the layout before runs had directories
+    legacy.mkdir()
+    then = time.time() - 2 * HOUR
+    os.utime(legacy, (then, then))
+    lock = os.open(held / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        pending, _ = make(tmp_path, {901: "active"})
+        assert pending.sweep() == [] and old.exists() and legacy.exists()
+        running, asked = make(tmp_path, {901: "running"})
+        assert running.sweep() == [], "the job's own directory stays"
+        assert asked == [901]
+        assert not old.exists() and not legacy.exists()
+        assert held.exists() and fresh.exists()
+    finally:
+        os.close(lock)
+
+
+def test_a_live_checkpointer_keeps_its_run_and_a_closed_one_frees_it(tmp_path: Path) -> None:
+    import numpy as np
+
+    from hyperpod_agent.checkpoint import Checkpointer
+
+    ckpt = Checkpointer(tmp_path / "p", memory_dir=tmp_path / "root" / "902")
+    ckpt.save(1, {"w": np.ones(4)}).wait()
+    tier = ckpt.memory_dir
+    assert tier is not None
+
+    def an_hour_passes() -> None:
+        then = time.time() - 2 * HOUR
+        for p in (tier, *tier.iterdir()):
+            os.utime(p, (then, then), follow_symlinks=False)
+
+    an_hour_passes()
+    janitor, _ = make(tmp_path / "root", {902: "running"})
+    try:
+        janitor.sweep()
+        assert tier.exists(), "its process is alive"
+    finally:
+        ckpt.close()
+    an_hour_passes()
+    janitor.sweep()
+    assert not tier.exists() and (tmp_path / "root" / "902").exists()
+
+
+def test_a_fresh_step_inside_a_run_keeps_the_job_directory(tmp_path: Path) -> None:
+    job = tmp_path / "903"
+    job.mkdir()
+    run = run_dir(job, "d", 30)  # a save just rewrote step 4's files
+    then = time.time() - 2 * HOUR
+    for p in (run, job):
+        os.utime(p, (then, then))
+    janitor, asked = make(tmp_path, {903: "finished"})
+    assert janitor.sweep() == [] and job.exists() and asked == []
+
+
+@pytest.mark.root
+def test_the_root_is_prepared_root_owned_and_sticky(tmp_path: Path) -> None:
+    root = tmp_path / "shm" / "hyperpod-ckpt"
+    janitor, _ = make(root, {})
+    janitor.prepare_root()
+    st = os.stat(root)
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o1777)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,28 @@ def free_port() -> int:
                 continue
             return port
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def tmpfs(mnt: Path, size: str = "1m") -> Iterator[Path]:
+    """A real tmpfs of ``size`` (mode 0700, as a job's directory) mounted at ``mnt``."""
+    mnt.mkdir()
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "hp-ckpt-test", str(mnt)],
+        check=True,
+        timeout=30,
+    )
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], timeout=30, check=False)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (needs root)."""
+    with tmpfs(tmp_path / "shm") as mnt:
+        yield mnt
 
 
 @pytest.fixture

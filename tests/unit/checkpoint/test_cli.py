@@ -96,18 +96,28 @@ def test_serve_on_a_busy_port_is_one_line(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("content", "message"), [(None, "cannot read"), ("\n", "empty token file")]
+    ("content", "option", "message", "exit_code"),
+    [
+        (None, "--secret-file", "cannot read", 6),
+        ("\n", "--secret-file", "empty secret file", 6),
+        ("s3cret\n", "--secret-file", "6 bytes is too short; use at least 16", 3),
+        ("s3cret\n", "--token-file", "6 bytes is too short", 3),  # the option's earlier name
+    ],
 )
-def test_serve_with_a_bad_token_file_is_one_line(
-    tmp_path: Path, content: str | None, message: str
+def test_serve_with_a_bad_secret_file_is_one_line(
+    tmp_path: Path, content: str | None, option: str, message: str, exit_code: int
 ) -> None:
-    token = tmp_path / "token"
+    secret = tmp_path / "secret"
     if content is not None:
-        token.write_text(content)
-    code, _, err = run(
-        "serve", "--dir", str(tmp_path / "m"), "--port", "1", "--token-file", str(token)
-    )
-    assert code == 6 and err.startswith("hyperpod checkpoint: error:") and message in err
+        secret.write_text(content)
+    code, _, err = run("serve", "--dir", str(tmp_path / "m"), "--port", "1", option, str(secret))
+    assert code == exit_code and err.startswith("hyperpod checkpoint: error:") and message in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_serve_beyond_loopback_needs_a_secret(tmp_path: Path) -> None:
+    code, _, err = run("serve", "--dir", str(tmp_path / "m"), "--host", "0.0.0.0", "--port", "1")
+    assert code == 6 and "refusing to listen on 0.0.0.0 without a secret" in err
 
 
 def test_show_names_the_writer_of_deduplicated_leaves(tmp_path: Path) -> None:
@@ -136,8 +146,28 @@ def test_show_names_the_writer_of_deduplicated_leaves(tmp_path: Path) -> None:
 def test_verify_reports_an_incomplete_step(tmp_path: Path) -> None:
     layout.write_json(
         layout.step_dir(tmp_path, 4) / layout.meta_name(0),
-        {"format": 1, "world_size": 2, "entries": [], "data_size": 0},
+        {
+            "format": 1,
+            "step": 4,
+            "rank": 0,
+            "world_size": 2,
+            "entries": [],
+            "data_size": 0,
+            "skeleton": {"t": "val", "v": None},
+        },
     )
     (layout.step_dir(tmp_path, 4) / layout.data_name(0)).write_bytes(b"")
     code, out, _ = run("verify", str(tmp_path), "4")
     assert code == 1 and "step 4: incomplete" in out and "no shard for ranks [1]" in out
+
+
+def test_malformed_metadata_is_a_problem_or_one_line_never_a_traceback(root: Path) -> None:
+    meta = layout.step_dir(root, 2) / layout.meta_name(0)
+    doc = json.loads(meta.read_text())
+    doc["entries"] = [{"path": "w"}]  # no kind, dtype, shape...
+    meta.write_text(json.dumps(doc))
+    code, out, _ = run("verify", str(root), "2")
+    assert code == 1 and "CORRUPT" in out and "leaf 'w': unknown kind None" in out
+    code, out, err = run("show", str(root), "2")
+    assert code != 0 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith("hyperpod checkpoint: error: ") and "bad metadata" in err

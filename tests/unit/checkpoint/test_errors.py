@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,10 +39,20 @@ def test_persistent_dir_that_is_a_file_is_refused(tmp_path: Path) -> None:
     assert f.read_text() == "keep me"
 
 
-def test_unwritable_memory_dir_is_refused(tmp_path: Path) -> None:
+def test_unusable_memory_dir_leaves_the_other_tiers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     (tmp_path / "file").write_text("x")
-    with pytest.raises(CheckpointStorageError, match=r"memory tier .*file/mem: cannot write"):
-        Checkpointer(tmp_path / "p", memory_dir=tmp_path / "file" / "mem")
+    ckpt = Checkpointer(tmp_path / "p", memory_dir=tmp_path / "file" / "mem")
+    try:
+        assert ckpt.memory_dir is None
+        assert re.search(r"no memory tier: memory tier .*file/mem: cannot use", caplog.text)
+        assert ckpt.save(1, {"a": np.ones(2)}).wait() == {"persistent": "ok"}
+        got = ckpt.load_latest()
+        assert got is not None and ckpt.last_restore is not None
+        assert ckpt.last_restore.tier == "persistent"
+    finally:
+        ckpt.close()
 
 
 class _Opaque:
@@ -159,7 +170,8 @@ def test_a_failing_tier_is_reported_and_the_others_still_written(
 ) -> None:
     ckpt = make_ckpt()
     # The memory tier's step directory name is taken by a file: that tier fails, persistent not.
-    (tiers["mem1"] / "step-0000000003").write_text("in the way")
+    assert ckpt.memory_dir is not None
+    (ckpt.memory_dir / "step-0000000003").write_text("in the way")
     with pytest.raises(CheckpointError, match=r"step 3: memory tier failed"):
         ckpt.save(3, {"a": np.ones(2)}).wait()
     assert layout.scan(tiers["persistent"])[3].committed

@@ -35,7 +35,8 @@ def test_corrupt_memory_shard_falls_back_to_persistent_naming_the_shard(
 ) -> None:
     ckpt = make_ckpt()
     ckpt.save(5, sample_state(5)).wait()
-    shard = layout.step_dir(tiers["mem1"], 5) / layout.data_name(0)
+    assert ckpt.memory_dir is not None
+    shard = layout.step_dir(ckpt.memory_dir, 5) / layout.data_name(0)
     _flip_byte(shard, 0)
     with caplog.at_level(logging.WARNING):
         got = ckpt.load_latest()
@@ -52,8 +53,9 @@ def test_corrupt_everywhere_falls_back_to_previous_step(
     ckpt = make_ckpt()
     ckpt.save(1, sample_state(1)).wait()
     ckpt.save(2, sample_state(2)).wait()
-    for tier in ("mem1", "persistent"):
-        (layout.step_dir(tiers[tier], 2) / layout.data_name(0)).write_bytes(b"short")
+    assert ckpt.memory_dir is not None
+    for root in (ckpt.memory_dir, tiers["persistent"]):
+        (layout.step_dir(root, 2) / layout.data_name(0)).write_bytes(b"short")
     with caplog.at_level(logging.WARNING):
         got = ckpt.load_latest()
     assert got is not None and got[0] == 1
@@ -143,17 +145,20 @@ def test_kill_9_mid_save_never_yields_a_torn_step(tiers: dict[str, Path]) -> Non
             last_durable = max(last_durable, int(line.split()[1]))
         first = last_durable + 1
         reader = Checkpointer(tiers["persistent"], memory_dir=tiers["mem1"])
+        memory = reader.memory_dir
         try:
             got = reader.load_latest()
         finally:
             reader.close()
+        assert memory is not None
         assert got is not None
         step, state = got
         assert step >= last_durable, "a step reported durable was lost"
         assert_same(_saver.state_for(step), state)
-        for root in (tiers["persistent"], tiers["mem1"]):
+        assert layout.scan(memory), "the saver and the reader share the run's memory tier"
+        for root in (tiers["persistent"], memory):
             for s, info in layout.scan(root).items():
-                if info.committed or (root == tiers["mem1"] and info.ranks):
+                if info.committed or (root == memory and info.ranks):
                     assert verify_step(root, s).ok, f"{root} step {s} complete but torn"
     assert np.all(state["a"] == step)  # type: ignore[index]
 

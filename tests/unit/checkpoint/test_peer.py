@@ -16,6 +16,9 @@ from hyperpod_agent.checkpoint.replica import ReplicaClient
 
 from .conftest import assert_same, free_port, sample_state
 
+RUN = "0123456789abcdef" * 2  # a run's namespace on the server
+SECRET = b"a secret of the job, 32 bytes..."
+
 
 def _wipe(path: Path) -> None:
     shutil.rmtree(path)
@@ -54,8 +57,9 @@ def test_each_node_holds_its_predecessors_shards(
 ) -> None:
     a, b = _two_nodes(make_ckpt, tiers)
     _save_both(a, b, 1)
-    assert layout.scan(tiers["mem1"])[1].ranks == {0, 1}
-    assert layout.scan(tiers["mem2"])[1].ranks == {0, 1}
+    assert a.memory_dir is not None and b.memory_dir is not None
+    assert layout.scan(a.memory_dir)[1].ranks == {0, 1}
+    assert layout.scan(b.memory_dir)[1].ranks == {0, 1}
 
 
 def test_wiped_memory_restores_from_peer(
@@ -119,7 +123,7 @@ def test_server_rejects_bad_requests_and_keeps_serving(tmp_path: Path) -> None:
     server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port()).start()
     host, port = server.address
     try:
-        client = ReplicaClient(host, port)
+        client = ReplicaClient(host, port, RUN)
         with pytest.raises(ReplicaError, match=r"bad shard name '../../etc/passwd'"):
             client.put(1, "../../etc/passwd", b"x")
         client.close()
@@ -154,7 +158,7 @@ def test_server_port_in_use_is_a_precise_error(tmp_path: Path) -> None:
 
 def test_peer_retention_prunes_only_the_pushing_ranks(tmp_path: Path) -> None:
     server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port()).start()
-    client = ReplicaClient(*server.address)
+    client = ReplicaClient(*server.address, RUN)
     try:
         for step in (1, 2, 3):
             for rank in (0, 1):
@@ -169,7 +173,7 @@ def test_peer_retention_prunes_only_the_pushing_ranks(tmp_path: Path) -> None:
 
 def test_parallel_fetch_is_bit_exact_and_checks_the_file_size(tmp_path: Path) -> None:
     server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port()).start()
-    client = ReplicaClient(*server.address, node="node2")
+    client = ReplicaClient(*server.address, RUN, node="node2")
     body = np.random.default_rng(7).integers(0, 256, (48 << 20) + 12345, dtype=np.uint8)
     try:
         client.put(5, "rank-00001.bin", body)
@@ -201,7 +205,7 @@ def test_bad_ranges_are_refused_and_the_server_goes_on(
     tmp_path: Path, header: dict[str, object]
 ) -> None:
     server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port()).start()
-    client = ReplicaClient(*server.address)
+    client = ReplicaClient(*server.address, RUN)
     try:
         client.put(1, "rank-00000.bin", b"abc")
         with pytest.raises(ReplicaError, match=r"bad offset|bad length|beyond its 3 bytes"):
@@ -227,16 +231,19 @@ def test_restore_from_peer_over_several_streams(
     assert_same(got[1], big)
 
 
-def test_a_server_with_a_token_serves_only_clients_that_carry_it(tmp_path: Path) -> None:
-    server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port(), token="s3cret").start()
+def test_a_server_with_a_secret_serves_only_clients_that_prove_it(tmp_path: Path) -> None:
+    server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port(), secret=SECRET).start()
     try:
-        good = ReplicaClient(*server.address, token="s3cret")
+        good = ReplicaClient(*server.address, RUN, secret=SECRET)
         good.put(1, "rank-00000.bin", b"abc")
-        for bad in (ReplicaClient(*server.address), ReplicaClient(*server.address, token="nope")):
-            with pytest.raises(ReplicaError, match="unauthorized: missing or wrong token"):
+        for bad, why in (
+            (ReplicaClient(*server.address, RUN), "requires the job's secret"),
+            (ReplicaClient(*server.address, RUN, secret=b"n" * 16), "unauthorized: wrong secret"),
+        ):
+            with pytest.raises(ReplicaError, match=why):
                 bad.get(1, "rank-00000.bin")
-            with pytest.raises(ReplicaError, match="unauthorized"):
-                bad.put(1, "rank-00000.bin", b"overwritten")
+            with pytest.raises(ReplicaError, match=why):
+                bad.put(1, "rank-00000.bin", np.zeros(64 << 20, dtype=np.uint8))
             bad.close()
         assert good.fetch(1, "rank-00000.bin", 3, 2).tobytes() == b"abc"
         good.close()
@@ -244,25 +251,13 @@ def test_a_server_with_a_token_serves_only_clients_that_carry_it(tmp_path: Path)
         server.stop()
 
 
-def test_job_with_a_token_replicates_and_restores_from_the_peer(
+def test_job_with_a_secret_replicates_and_restores_from_the_peer(
     make_ckpt: Callable[..., Checkpointer], tiers: dict[str, Path]
 ) -> None:
-    a, b = _two_nodes(make_ckpt, tiers, token="per-job-secret")
+    a, b = _two_nodes(make_ckpt, tiers, secret="per-job-secret-0123456789")
     _save_both(a, b, 1)
-    assert a.server is not None and a.server.token == "per-job-secret"
+    assert a.server is not None and a.server.secret == b"per-job-secret-0123456789"
     _wipe(tiers["mem1"])
     got = a.load_latest(sample_state(1))
     assert got is not None and a.last_restore is not None and a.last_restore.tier == "peer"
     assert_same(got[1], sample_state(1))
-
-
-def test_a_large_put_with_a_wrong_token_is_refused_by_name(tmp_path: Path) -> None:
-    server = ReplicaServer(tmp_path / "srv", "127.0.0.1", free_port(), token="s3cret").start()
-    try:
-        bad = ReplicaClient(*server.address, token="nope")
-        with pytest.raises(ReplicaError, match="unauthorized"):
-            bad.put(1, "rank-00000.bin", np.zeros(64 << 20, dtype=np.uint8))
-        bad.close()
-        assert not list((tmp_path / "srv").rglob("rank-*"))
-    finally:
-        server.stop()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hyperpod_agent.checkpoint import Checkpointer, ReplicaServer, _threads, layout
+from hyperpod_agent.checkpoint import Checkpointer, ReplicaServer, _threads, identity, layout
 from hyperpod_agent.checkpoint.replica import ReplicaClient
 
 from .conftest import free_port
@@ -65,7 +65,10 @@ def test_tier_writers_and_replica_server_run_below_the_training_thread(
     monkeypatch.setattr(layout, "atomic_write", write)
     monkeypatch.setattr(ReplicaClient, "put", put)
     monkeypatch.setattr(ReplicaServer, "dispatch", dispatch)
-    server = ReplicaServer(tmp_path / "peer-mem", "127.0.0.1", free_port()).start()
+    # The peer knows the run's secret, as the run's own ranks read it from run.json.
+    tiers["persistent"].mkdir()
+    secret = identity.load_or_create(tiers["persistent"]).secret
+    server = ReplicaServer(tmp_path / "peer-mem", "127.0.0.1", free_port(), secret=secret).start()
     try:
         ckpt = make_ckpt(node="a", peers={"a": ("127.0.0.1", 1), "b": server.address})
         ckpt.save(1, {"w": np.ones(1000, dtype=np.float32)}).wait(timeout=60)

@@ -18,7 +18,8 @@ def test_persistent_every_m_and_keep_k_per_tier(
     ckpt = make_ckpt(persistent_every=3, keep_memory=2, keep_persistent=2)
     for step in range(10, 17):
         ckpt.save(step, {"x": np.full(10, step)}).wait()
-    assert sorted(layout.scan(tiers["mem1"])) == [15, 16]
+    assert ckpt.memory_dir is not None
+    assert sorted(layout.scan(ckpt.memory_dir)) == [15, 16]
     assert sorted(layout.scan(tiers["persistent"])) == [13, 16]
     got = ckpt.load_latest()
     assert got is not None and got[0] == 16
@@ -50,13 +51,21 @@ ENV = {
 def test_slurm_environment() -> None:
     kw = settings_from_env(ENV)
     assert (kw["rank"], kw["world_size"], kw["local_rank"], kw["node"]) == (3, 4, 1, "node2")
-    assert kw["memory_dir"] == "/dev/shm/hyperpod-ckpt/77"
+    assert kw["memory_dir"] is None and kw["job_id"] == "77"  # /dev/shm/hyperpod-ckpt/77
     assert kw["serve"] is False and kw["peers"] == {}
-    assert kw["token"] is None and kw["peer_streams"] == 4
+    assert kw["secret"] is None and kw["peer_streams"] == 4
     kw = settings_from_env(
-        dict(ENV, HYPERPOD_CHECKPOINT_TOKEN="t0k", HYPERPOD_CHECKPOINT_PEER_STREAMS="2")
+        dict(ENV, HYPERPOD_CHECKPOINT_SECRET="s" * 32, HYPERPOD_CHECKPOINT_PEER_STREAMS="2")
     )
-    assert kw["token"] == "t0k" and kw["peer_streams"] == 2
+    assert kw["secret"] == "s" * 32 and kw["peer_streams"] == 2
+    assert settings_from_env(dict(ENV, HYPERPOD_CHECKPOINT_TOKEN="t" * 32))["secret"] == "t" * 32
+
+
+def test_every_task_of_one_launch_tags_its_saves_alike() -> None:
+    a = settings_from_env(ENV)["attempt"]
+    assert a == settings_from_env(dict(ENV, SLURM_PROCID="0", SLURMD_NODENAME="node1"))["attempt"]
+    assert a != settings_from_env(dict(ENV, SLURM_RESTART_COUNT="1"))["attempt"]
+    assert a != settings_from_env(dict(ENV, SLURM_STEP_ID="2"))["attempt"]
 
 
 def test_torchrun_variables_win_and_overrides_apply() -> None:
