@@ -41,6 +41,7 @@ class _Fault:
     count: int
     methods: frozenset[str]
     keep: int
+    skip: int
 
 
 def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
@@ -112,13 +113,20 @@ class FaultProxy:
         return self
 
     def inject(
-        self, kind: str, count: int = 1, *, methods: tuple[str, ...] = (), keep: int = 0
+        self,
+        kind: str,
+        count: int = 1,
+        *,
+        methods: tuple[str, ...] = (),
+        keep: int = 0,
+        skip: int = 0,
     ) -> None:
-        """Queue a fault for the next ``count`` requests (of ``methods``, default any)."""
+        """Queue a fault for the next ``count`` requests (of ``methods``, default any), after
+        letting ``skip`` of them through."""
         if kind not in ("slowdown", "truncate", "stall", "norange", "shiftrange"):
             raise ValueError(f"unknown fault {kind!r}")
         with self._lock:
-            self._faults.append(_Fault(kind, count, frozenset(methods), keep))
+            self._faults.append(_Fault(kind, count, frozenset(methods), keep, skip))
 
     def clear(self) -> None:
         """Drop the faults not yet served."""
@@ -130,6 +138,9 @@ class FaultProxy:
             self.requests += 1
             for f in self._faults:
                 if f.count > 0 and (not f.methods or method in f.methods):
+                    if f.skip > 0:
+                        f.skip -= 1
+                        return None
                     f.count -= 1
                     self.served[f.kind] += 1
                     return f
