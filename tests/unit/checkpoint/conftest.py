@@ -117,3 +117,49 @@ def assert_same(a: Any, b: Any, path: str = "") -> None:
         assert b != b, path
     else:
         assert a == b, path
+
+
+# ---- S3-compatible persistent tier: a real S3 server (rclone serve s3) ----------------------
+
+AWS_VARS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One rclone S3 server for the session, with a bucket ``ckpt``; tests use their own
+    prefixes. Tests that stop or break a server start their own."""
+    from tests.s3_server import S3Server
+
+    with S3Server(tmp_path_factory.mktemp("s3")) as srv:
+        yield srv
+
+
+def use_aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, values: dict[str, str]) -> None:
+    """Make the process's AWS environment exactly ``values``: no profile or file of the
+    machine leaks in, and no instance-metadata lookup leaves the loopback."""
+    for var in AWS_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config-absent"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials-absent"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.fixture
+def s3_url(
+    s3_server: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.FixtureRequest
+) -> str:
+    """``s3://ckpt/<test name>`` on the session's server, with the AWS variables set for it."""
+    use_aws_env(monkeypatch, tmp_path, s3_server.env())
+    return f"s3://ckpt/{request.node.name.replace('[', '-').replace(']', '')}"
