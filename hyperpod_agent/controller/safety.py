@@ -60,7 +60,9 @@ def shared_causes(
     shared: dict[str, set[str]] = defaultdict(set)
     for action in planned:
         fault = by_id.get(int(action.params.get("fault_id", -1)))
-        if fault is None or not counted(action):
+        # Any take-out for the fault, a replacement with a spare included: swapping
+        # healthy nodes for a shared cause only spends the pool.
+        if fault is None or not action.takes_out or action.admin:
             kept.append(action)
             continue
         burst = _burst(fault, open_faults, window)

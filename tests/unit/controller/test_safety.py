@@ -175,3 +175,24 @@ def test_in_flight_replacement_keeps_its_spare() -> None:
     [action] = decide(snap, config(), NOW).actions
     assert action.kind is Kind.REPLACE and "spare" not in action.params
     assert "no spare left" in str(action.params["no_spare"])
+
+
+def test_a_shared_cause_spends_no_spare() -> None:
+    # Replacements under auto-resume jobs: each has a spare, none is a capacity loss,
+    # but the cause is shared: no node is swapped for it.
+    from ctl_helpers import job
+
+    nodes = part("n", 10)
+    for i in (8, 9, 10):
+        nodes[f"s{i}"] = node(f"s{i}", flags=DRAINED, reason="hyperpod:spare", partitions=("n",))
+    faults = [fault(f"n{i}", code="xid79", urgent=True, first_seen=NOW - 1) for i in (1, 2, 3)]
+    snap = Snapshot(
+        nodes=nodes,
+        jobs=[job(7, nodes=("n1", "n2", "n3"))],
+        health={n: healthy() for n in nodes} | {f.node: faulty() for f in faults},
+        open_faults=faults,
+        history=faults,
+        started_at=NOW - 3600,
+    )
+    decision = decide(snap, config(), NOW)
+    assert [a for a in decision.actions if a.node is not None] == []
