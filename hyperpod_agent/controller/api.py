@@ -43,9 +43,10 @@ from hyperpod_agent.controller.api_models import (
     Status,
 )
 from hyperpod_agent.controller.api_rejections import Rejections, caller
+from hyperpod_agent.controller.ingest import Heartbeat, Rejected
 from hyperpod_agent.controller.providers.base import ProviderError
 from hyperpod_agent.controller.reasons import Verb, format_reason
-from hyperpod_agent.controller.service import Controller, Heartbeat, Rejected
+from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.snapshot import Kind
 from hyperpod_agent.controller.store_rows import (
     ActionRow,

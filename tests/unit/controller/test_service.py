@@ -202,7 +202,7 @@ def test_tracked_jobs_end(tmp_path: Path) -> None:
 
 
 def test_heartbeats_survive_a_restart(tmp_path: Path) -> None:
-    from hyperpod_agent.controller.service import Heartbeat, Rejected
+    from hyperpod_agent.controller.ingest import Heartbeat, Rejected
 
     slurm = FakeSlurm(cluster(3))
     ctl, clock = make(tmp_path, slurm)
