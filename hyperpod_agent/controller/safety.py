@@ -6,7 +6,9 @@ Two rules stand between the node rules and Slurm (DESIGN §7):
   within ``shared_cause_window_s`` of each other is one cause (a hung filesystem, a
   switch, a bad probe), not many broken nodes: none of them is taken out for it. A
   non-urgent fault waits that window before its take-out, so the burst is seen before
-  the first node leaves; an urgent one is acted on at once.
+  the first node leaves; an urgent one is acted on at once while no other node shows
+  the same code, and waits like the others once one does: at most one node leaves for
+  a shared cause before it is plain.
 - **Blast radius**, per partition: nodes unavailable (drained by anyone, down, not
   responding) plus new take-outs may not exceed ``max_unhealthy_fraction`` of the
   partition. A partition over its limit takes out nothing new in this pass (incident
@@ -68,7 +70,7 @@ def shared_causes(
         burst = _burst(fault, open_faults, window)
         if len(burst) >= policy.shared_cause_min_nodes:
             shared[fault.code] |= burst
-        elif action.urgent or now - fault.first_seen >= window:
+        elif (action.urgent and len(burst) == 1) or now - fault.first_seen >= window:
             kept.append(action)
         # else: too young to tell whether others share it; the next pass looks again
     events = [

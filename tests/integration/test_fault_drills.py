@@ -258,10 +258,9 @@ def test_one_fault_on_many_nodes_at_once_is_a_shared_cause(drill: Drill) -> None
             most_out = max(most_out, sum(taken_out(nodes[n]) for n in drill.nodes))
             time.sleep(0.2)
         # The agents confirm XID 79 within a second of each other: one cause. An urgent
-        # fault is acted on at once, so the nodes that reported before the burst was
-        # plain may be out; no node after that.
-        policy = load_controller_config(drill.cluster.dir / "etc" / "controller.toml").policy
-        assert most_out < policy.shared_cause_min_nodes, drill.describe()
+        # fault alone is acted on at once, so the first node may be out; once a second
+        # node shows it, the rest wait and the burst is seen before they leave.
+        assert most_out <= 1, drill.describe()
         [event] = [e for e in new_events(drill, since) if e["kind"] == "shared_cause"]
         assert event["message"].startswith("shared cause: xid79 on 3 nodes"), event
     finally:

@@ -79,6 +79,16 @@ def test_an_urgent_fault_is_acted_on_at_once() -> None:
     assert taken_out(decide_on(nodes, young)) == ["n1"]
 
 
+def test_an_urgent_fault_a_second_node_shares_waits_for_the_window() -> None:
+    nodes = part("n", 40)
+    nodes["n1"] = node("n1", flags=DRAINED, reason="hyperpod:reboot gpu0 xid79 x")
+    # n1 was taken out at once; n2 now shows the same code: it waits for the burst.
+    faults = [fault(f"n{i}", code="xid79", urgent=True, first_seen=NOW - i) for i in (1, 2)]
+    assert taken_out(decide_on(nodes, faults)) == []
+    later = [fault(f"n{i}", code="xid79", urgent=True, first_seen=NOW - 40 - i) for i in (1, 2)]
+    assert taken_out(decide_on(nodes, later)) == ["n2"]
+
+
 def test_urgent_faults_on_many_nodes_at_once_are_shared_too() -> None:
     nodes = part("n", 40)
     faults = [fault(f"n{i}", code="xid79", urgent=True, first_seen=NOW - 1) for i in (1, 2, 3)]
