@@ -24,7 +24,6 @@ from hyperpod_agent.checkpoint import (
     memtier,
     metrics,
     perms,
-    persistent,
     restore,
 )
 from hyperpod_agent.checkpoint._threads import lower_priority
@@ -34,8 +33,10 @@ from hyperpod_agent.checkpoint.errors import (
     CheckpointStorageError,
 )
 from hyperpod_agent.checkpoint.handle import SaveHandle, spare_cpus
+from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier, SaveJob
 from hyperpod_agent.checkpoint.replica import ReplicaServer
 from hyperpod_agent.checkpoint.replica_client import ReplicaClient
+from hyperpod_agent.checkpoint.s3config import S3Options, is_s3_url
 from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
 from hyperpod_agent.checkpoint.state import Leaf, copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
@@ -71,6 +72,10 @@ class Checkpointer:
         secret: bytes | str | None = None,
         job_id: str | None = None,
         attempt: str | None = None,
+        s3: str | None = None,
+        s3_every: int = 1,
+        s3_options: S3Options | None = None,
+        job_key: str | None = None,
     ):
         if not 0 <= rank < world_size:
             raise CheckpointConfigError(f"rank {rank} is outside world size {world_size}")
@@ -79,6 +84,7 @@ class Checkpointer:
             ("keep_memory", keep_memory),
             ("keep_persistent", keep_persistent),
             ("peer_streams", peer_streams),
+            ("s3_every", s3_every),
         ):
             if value < 1:
                 raise CheckpointConfigError(f"{name} must be at least 1, got {value}")
@@ -88,10 +94,27 @@ class Checkpointer:
             raise CheckpointConfigError(
                 f"node {node!r} is not in the peer list ({', '.join(sorted(self.peers))})"
             )
-        persistent = perms.persistent_dir(Path(persistent_dir))
-        self.persistent_dir = layout.ensure_dir(persistent, "persistent tier")
-        # The run owns its fast tiers: they live in a directory named after it (identity.py).
-        self.run = identity.load_or_create(self.persistent_dir)
+        if job_key is not None and not identity.JOB_KEY_RE.fullmatch(job_key):
+            raise CheckpointConfigError(
+                f"job key {job_key!r}: expected 8-128 of A-Z, a-z, 0-9, '.', '_', ':', '-'"
+            )
+        self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
+        # The durable tiers, in the order a restore tries them; the run owns its fast tiers:
+        # they live in a directory named after it (identity.py).
+        self.tiers, self.run = self._durable_tiers(
+            persistent_dir,
+            persistent_every,
+            s3,
+            s3_every,
+            s3_options,
+            job_key,
+            rank,
+            commit_timeout,
+        )
+        self.persistent: PersistentTier = self.tiers[0]
+        self.persistent_dir: Path | None = (
+            self.persistent.root if isinstance(self.persistent, DirTier) else None
+        )
         # The job's secret if one is set (a standalone replica server knows only that one),
         # else the run's own: every rank reads it from the persistent directory.
         self.secret: bytes = handshake.as_secret(secret) or self.run.secret
@@ -99,24 +122,23 @@ class Checkpointer:
         self.memory_root = (
             Path(memory_dir) if memory_dir is not None else identity.default_job_dir(job_id)
         )
-        self._run_dir = memtier.RunDir(self.memory_root, self.run, self.persistent_dir, rank)
+        self._run_dir = memtier.RunDir(self.memory_root, self.run, self.persistent.location, rank)
         self.memory_dir: Path | None = self._run_dir.path
         others = self._run_dir.others() if self.memory_dir is not None else []
         if others and local_rank == 0:
             log.warning(
                 "memory tier %s: ignoring the checkpoints of %d other run(s) here (%s): they "
-                "are not this run's (its identity is %s); the node agent frees them",
+                "are not this run's (its identity is in %s); the node agent frees them",
                 self.memory_root,
                 len(others),
                 ", ".join(others),
-                self.persistent_dir / identity.RUN_FILE,
+                self.persistent.location,
             )
         self.persistent_every, self.keep_memory = persistent_every, keep_memory
         self.keep_persistent = keep_persistent
         self.replicated = frozenset(replicated)
         group = list(replica_group) if replica_group is not None else list(range(world_size))
         self.replica_group = group if rank in group else [rank]
-        self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
         self.peer_streams = peer_streams
         # Writing the persistent tier while later leaves are still being staged shortens the
         # time to durable by the staging copy, but the writer then competes with the training
@@ -135,6 +157,8 @@ class Checkpointer:
                     ).start()
                 except BaseException:
                     self._run_dir.release()
+                    for tier in self.tiers:
+                        tier.close()
                     raise
         self._replica = self._successor_client()
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
@@ -143,6 +167,55 @@ class Checkpointer:
         self._saves = 0
         self._lock = threading.Lock()
         self.last_restore: restore.RestoreInfo | None = None
+
+    @staticmethod
+    def _durable_tiers(
+        persistent_dir: str | os.PathLike[str],
+        persistent_every: int,
+        s3: str | None,
+        s3_every: int,
+        s3_options: S3Options | None,
+        job_key: str | None,
+        rank: int,
+        wait: float,
+    ) -> tuple[list[PersistentTier], identity.RunIdentity]:
+        """The persistent tier (a directory or an object store), the object store behind a
+        directory if any, and the run identity they hold (made on first use)."""
+        from hyperpod_agent.checkpoint.s3tier import S3Tier
+
+        tiers: list[PersistentTier] = []
+        try:
+            if is_s3_url(persistent_dir):
+                if s3 is not None:
+                    raise CheckpointConfigError(
+                        f"s3={s3}: the object store tier goes behind a filesystem persistent "
+                        f"directory; the persistent tier is already {persistent_dir}"
+                    )
+                store = S3Tier(str(persistent_dir), s3_options, every=persistent_every)
+                tiers.append(store)
+                # Rank 0 creates the identity; the others wait for it (as for a commit).
+                return tiers, store.load_identity(rank, job_key, wait)
+            path = perms.persistent_dir(Path(persistent_dir))
+            tiers.append(DirTier(layout.ensure_dir(path, "persistent tier"), persistent_every))
+            adopt = None
+            if s3 is not None:
+                if not is_s3_url(s3):
+                    raise CheckpointConfigError(f"s3={s3!r}: expected s3://bucket/prefix")
+                behind = S3Tier(
+                    s3,
+                    s3_options,
+                    every=s3_every,
+                    name="s3",
+                    nice=_threads.NETWORK,
+                    mirror_of=path / identity.RUN_FILE,
+                )
+                tiers.append(behind)
+                adopt = behind.adopt(job_key)
+            return tiers, identity.load_or_create(path, job_key, adopt)
+        except BaseException:
+            for tier in tiers:
+                tier.close()
+            raise
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Checkpointer:
@@ -232,6 +305,8 @@ class Checkpointer:
             self._replica.close()
         if self.server is not None:
             self.server.stop()
+        for tier in self.tiers:
+            tier.close()
         self._run_dir.release()
 
     def rank_meta(
@@ -277,15 +352,10 @@ class Checkpointer:
                     lambda: self._write_peer(step, save, buf, skeleton, metas, times, progress),
                 )
             )
-        if index % self.persistent_every == 0:
-            jobs.append(
-                (
-                    "persistent",
-                    lambda: persistent.write(
-                        self, step, save, skeleton, leaves, buf, metas, times, progress
-                    ),
-                )
-            )
+        job = SaveJob(step, save, skeleton, leaves, buf, metas, times, progress)
+        for tier in self.tiers:
+            if index % tier.every == 0:
+                jobs.append((tier.name, lambda t=tier: t.write(self, job)))
         # The data files need no checksums, so every tier starts writing as soon as its bytes
         # are staged and takes the checksums (computed here meanwhile) for the metadata it
         # writes last. Network, disk and memory are different bottlenecks, and copies,
@@ -406,7 +476,7 @@ class Checkpointer:
         """
         restored = loader.load_latest(self, template, agree)
         if restored is not None and self.rank == 0:
-            loader.note_resume(self.persistent_dir, restored[0])
+            self.persistent.note_resume(restored[0])
         return restored
 
     def load(self, step: int, template: Any = None) -> Any:
