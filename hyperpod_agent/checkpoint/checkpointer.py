@@ -23,7 +23,6 @@ from hyperpod_agent.checkpoint import (
     loader,
     memtier,
     metrics,
-    perms,
     restore,
 )
 from hyperpod_agent.checkpoint._threads import lower_priority
@@ -33,10 +32,10 @@ from hyperpod_agent.checkpoint.errors import (
     CheckpointStorageError,
 )
 from hyperpod_agent.checkpoint.handle import SaveHandle, spare_cpus
-from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier, SaveJob
+from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier, SaveJob, open_tiers
 from hyperpod_agent.checkpoint.replica import ReplicaServer
 from hyperpod_agent.checkpoint.replica_client import ReplicaClient
-from hyperpod_agent.checkpoint.s3config import S3Options, is_s3_url
+from hyperpod_agent.checkpoint.s3config import S3Options
 from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
 from hyperpod_agent.checkpoint.state import Leaf, copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
@@ -101,7 +100,7 @@ class Checkpointer:
         self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
         # The durable tiers, in the order a restore tries them; the run owns its fast tiers:
         # they live in a directory named after it (identity.py).
-        self.tiers, self.run = self._durable_tiers(
+        self.tiers, self.run = open_tiers(
             persistent_dir,
             persistent_every,
             s3,
@@ -167,55 +166,6 @@ class Checkpointer:
         self._saves = 0
         self._lock = threading.Lock()
         self.last_restore: restore.RestoreInfo | None = None
-
-    @staticmethod
-    def _durable_tiers(
-        persistent_dir: str | os.PathLike[str],
-        persistent_every: int,
-        s3: str | None,
-        s3_every: int,
-        s3_options: S3Options | None,
-        job_key: str | None,
-        rank: int,
-        wait: float,
-    ) -> tuple[list[PersistentTier], identity.RunIdentity]:
-        """The persistent tier (a directory or an object store), the object store behind a
-        directory if any, and the run identity they hold (made on first use)."""
-        from hyperpod_agent.checkpoint.s3tier import S3Tier
-
-        tiers: list[PersistentTier] = []
-        try:
-            if is_s3_url(persistent_dir):
-                if s3 is not None:
-                    raise CheckpointConfigError(
-                        f"s3={s3}: the object store tier goes behind a filesystem persistent "
-                        f"directory; the persistent tier is already {persistent_dir}"
-                    )
-                store = S3Tier(str(persistent_dir), s3_options, every=persistent_every)
-                tiers.append(store)
-                # Rank 0 creates the identity; the others wait for it (as for a commit).
-                return tiers, store.load_identity(rank, job_key, wait)
-            path = perms.persistent_dir(Path(persistent_dir))
-            tiers.append(DirTier(layout.ensure_dir(path, "persistent tier"), persistent_every))
-            adopt = None
-            if s3 is not None:
-                if not is_s3_url(s3):
-                    raise CheckpointConfigError(f"s3={s3!r}: expected s3://bucket/prefix")
-                behind = S3Tier(
-                    s3,
-                    s3_options,
-                    every=s3_every,
-                    name="s3",
-                    nice=_threads.NETWORK,
-                    mirror_of=path / identity.RUN_FILE,
-                )
-                tiers.append(behind)
-                adopt = behind.adopt(job_key)
-            return tiers, identity.load_or_create(path, job_key, adopt)
-        except BaseException:
-            for tier in tiers:
-                tier.close()
-            raise
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Checkpointer:

@@ -31,10 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import _threads, layout, metrics, restore
+from hyperpod_agent.checkpoint import _threads, identity, layout, metrics, perms, restore
 from hyperpod_agent.checkpoint._threads import lower_priority
 from hyperpod_agent.checkpoint.balance import assign_owners
-from hyperpod_agent.checkpoint.errors import CheckpointError, CorruptShardError
+from hyperpod_agent.checkpoint.errors import (
+    CheckpointConfigError,
+    CheckpointError,
+    CorruptShardError,
+)
+from hyperpod_agent.checkpoint.s3config import S3Options, is_s3_url
 from hyperpod_agent.checkpoint.staging import Progress
 from hyperpod_agent.checkpoint.state import ALIGN, Leaf
 
@@ -273,3 +278,53 @@ class DirTier(PersistentTier):
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("could not record the resumed step in %s: %s", path, exc)
+
+
+def open_tiers(
+    persistent_dir: str | os.PathLike[str],
+    persistent_every: int,
+    s3: str | None,
+    s3_every: int,
+    s3_options: S3Options | None,
+    job_key: str | None,
+    rank: int,
+    wait: float,
+) -> tuple[list[PersistentTier], identity.RunIdentity]:
+    """The persistent tier (a directory or an object store), the object store behind a
+    directory if any, and the run identity they hold (made on first use; with an object
+    store as the persistent tier, rank 0 makes it and the others wait up to ``wait``)."""
+    from hyperpod_agent.checkpoint.s3tier import S3Tier
+
+    tiers: list[PersistentTier] = []
+    try:
+        if is_s3_url(persistent_dir):
+            if s3 is not None:
+                raise CheckpointConfigError(
+                    f"s3={s3}: the object store tier goes behind a filesystem persistent "
+                    f"directory; the persistent tier is already {persistent_dir}"
+                )
+            store = S3Tier(str(persistent_dir), s3_options, every=persistent_every)
+            tiers.append(store)
+            # Rank 0 creates the identity; the others wait for it (as for a commit).
+            return tiers, store.load_identity(rank, job_key, wait)
+        path = perms.persistent_dir(Path(persistent_dir))
+        tiers.append(DirTier(layout.ensure_dir(path, "persistent tier"), persistent_every))
+        adopt = None
+        if s3 is not None:
+            if not is_s3_url(s3):
+                raise CheckpointConfigError(f"s3={s3!r}: expected s3://bucket/prefix")
+            behind = S3Tier(
+                s3,
+                s3_options,
+                every=s3_every,
+                name="s3",
+                nice=_threads.NETWORK,
+                mirror_of=path / identity.RUN_FILE,
+            )
+            tiers.append(behind)
+            adopt = behind.adopt(job_key)
+        return tiers, identity.load_or_create(path, job_key, adopt)
+    except BaseException:
+        for tier in tiers:
+            tier.close()
+        raise

@@ -272,3 +272,20 @@ def test_a_store_holding_another_runs_checkpoints_is_refused(
     shutil.rmtree(tmp_path / "mb")
     got = second.load_latest()
     assert got is None, "the other run's step 7 is not this run's"
+
+
+def test_settings_of_the_object_store_tier_are_checked(s3_url: str, tmp_path: Path) -> None:
+    from hyperpod_agent.checkpoint import CheckpointConfigError
+    from hyperpod_agent.checkpoint.env import settings_from_env
+
+    with pytest.raises(CheckpointConfigError, match=r"^s3=s3://x/y: the object store tier goes"):
+        Checkpointer(s3_url, memory_dir=tmp_path / "m", s3="s3://x/y")
+    with pytest.raises(CheckpointConfigError, match=r"^s3='/fsx/b': expected s3://bucket/prefix$"):
+        Checkpointer(tmp_path / "a", memory_dir=tmp_path / "m", s3="/fsx/b")
+    with pytest.raises(CheckpointConfigError, match=r"^s3_every must be at least 1, got 0$"):
+        Checkpointer(tmp_path / "a", memory_dir=tmp_path / "m", s3=s3_url, s3_every=0)
+    env = {"HYPERPOD_CHECKPOINT_DIR": "/fsx/run", "HYPERPOD_CHECKPOINT_S3": s3_url}
+    got = settings_from_env({**env, "HYPERPOD_CHECKPOINT_S3_EVERY": "10"})
+    assert (got["s3"], got["s3_every"]) == (s3_url, 10)
+    with pytest.raises(CheckpointConfigError, match=r"^HYPERPOD_CHECKPOINT_S3_EVERY='0'"):
+        settings_from_env({**env, "HYPERPOD_CHECKPOINT_S3_EVERY": "0"})
