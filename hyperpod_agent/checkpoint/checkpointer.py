@@ -75,6 +75,7 @@ class Checkpointer:
         s3_every: int = 1,
         s3_options: S3Options | None = None,
         job_key: str | None = None,
+        direct_io: bool = True,
     ):
         if not 0 <= rank < world_size:
             raise CheckpointConfigError(f"rank {rank} is outside world size {world_size}")
@@ -109,6 +110,7 @@ class Checkpointer:
             job_key,
             rank,
             commit_timeout,
+            direct_io,
         )
         self.persistent: PersistentTier = self.tiers[0]
         self.persistent_dir: Path | None = (

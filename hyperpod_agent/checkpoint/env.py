@@ -6,6 +6,7 @@
 | HYPERPOD_CHECKPOINT_S3 | s3://bucket/prefix: an object store behind a filesystem DIR |
 | HYPERPOD_CHECKPOINT_S3_EVERY | write that tier every M-th save (1) |
 | HYPERPOD_CHECKPOINT_JOB_KEY | the job DIR is for (the SPANK plugin sets it with DIR) |
+| HYPERPOD_CHECKPOINT_DIRECT_IO | 0: write DIR through the page cache, never O_DIRECT (1) |
 | HYPERPOD_CHECKPOINT_MEMORY_DIR | job memory directory (default /dev/shm/hyperpod-ckpt/<job>) |
 | HYPERPOD_CHECKPOINT_PEERS | ``node=host:port,...`` for every node of the job |
 | HYPERPOD_CHECKPOINT_SERVE | 1: local rank 0 hosts this node's replica server |
@@ -105,8 +106,13 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "s3_every": _int(env, (PREFIX + "S3_EVERY",), 1, low=1),
         "job_key": _job_key(env),
     }
-    serve = env.get(PREFIX + "SERVE", "0")
-    if serve not in ("0", "1"):
-        raise CheckpointConfigError(f"{PREFIX}SERVE={serve!r}: expected 0 or 1")
-    kwargs["serve"] = serve == "1" and kwargs["local_rank"] == 0
+    kwargs["serve"] = _flag(env, "SERVE", "0") and kwargs["local_rank"] == 0
+    kwargs["direct_io"] = _flag(env, "DIRECT_IO", "1")
     return kwargs
+
+
+def _flag(env: Mapping[str, str], name: str, default: str) -> bool:
+    value = env.get(PREFIX + name, default)
+    if value not in ("0", "1"):
+        raise CheckpointConfigError(f"{PREFIX}{name}={value!r}: expected 0 or 1")
+    return value == "1"

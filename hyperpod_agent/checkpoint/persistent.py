@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import _threads, identity, layout, metrics, perms, restore
+from hyperpod_agent.checkpoint import _threads, fastio, identity, layout, metrics, perms, restore
 from hyperpod_agent.checkpoint._threads import lower_priority
 from hyperpod_agent.checkpoint.balance import assign_owners
 from hyperpod_agent.checkpoint.errors import (
@@ -169,8 +169,11 @@ def await_ranks(
     seen: dict[int, Hashable] = {}
     while True:
         for r, token in versions().items():
-            if r not in pending or seen.get(r) == token:
-                continue  # done, or read before and not replaced since
+            if r not in pending or (seen.get(r) == token and r not in other):
+                # Done, or read before and not replaced since. A file of another save is
+                # read again every time: a store whose listing has no ETag and coarse
+                # times could show its replacement with the same token.
+                continue
             seen[r] = token
             try:
                 meta = read(r)
@@ -230,8 +233,9 @@ class PersistentTier:
 class DirTier(PersistentTier):
     """The persistent tier in a directory of a shared file system."""
 
-    def __init__(self, root: Path, every: int = 1):
+    def __init__(self, root: Path, every: int = 1, direct: bool = True):
         self.root, self.every, self.location = root, every, str(root)
+        self.direct = direct  # O_DIRECT for a rank's file that is its staging buffer
 
     def write(self, ck: Checkpointer, job: SaveJob) -> None:
         lower_priority(self.nice)
@@ -240,7 +244,8 @@ class DirTier(PersistentTier):
             (d / layout.STEP_META).unlink(missing_ok=True)
         (d / layout.meta_name(ck.rank)).unlink(missing_ok=True)
         where = place(ck, job.leaves)
-        layout.atomic_write(d / layout.data_name(ck.rank), where.chunks(job, ck.overlap))
+        if not (where.whole and self._write_direct(ck, job, d / layout.data_name(ck.rank))):
+            layout.atomic_write(d / layout.data_name(ck.rank), where.chunks(job, ck.overlap))
         stored = where.entries(job.leaves, job.metas.result())
         meta = ck.rank_meta(job.step, job.save, job.skeleton, stored, where.size)
         layout.write_json(d / layout.meta_name(ck.rank), meta)
@@ -249,6 +254,21 @@ class DirTier(PersistentTier):
             self._commit(ck, job.step, job.save)
             job.times[self.name] = time.perf_counter() - job.times["start"]
             layout.prune(self.root, ck.keep_persistent, committed=True)
+
+    def _write_direct(self, ck: Checkpointer, job: SaveJob, path: Path) -> bool:
+        """The staging buffer is the file: write it with O_DIRECT (fastio.py); False if
+        this tier cannot (then not tried again)."""
+        if not (self.direct and fastio.direct_capable(job.buf)):
+            return False
+        if not ck.overlap:
+            job.progress.wait(len(job.buf))
+        try:
+            layout.direct_write(path, job.buf, job.progress.wait if ck.overlap else None)
+        except fastio.DirectUnsupported as exc:
+            log.info("persistent tier %s: %s; writing through the page cache", self.root, exc)
+            self.direct = False
+            return False
+        return True
 
     def _commit(self, ck: Checkpointer, step: int, save: str) -> None:
         d = layout.step_dir(self.root, step)
@@ -289,6 +309,7 @@ def open_tiers(
     job_key: str | None,
     rank: int,
     wait: float,
+    direct_io: bool = True,
 ) -> tuple[list[PersistentTier], identity.RunIdentity]:
     """The persistent tier (a directory or an object store), the object store behind a
     directory if any, and the run identity they hold (made on first use; with an object
@@ -308,7 +329,8 @@ def open_tiers(
             # Rank 0 creates the identity; the others wait for it (as for a commit).
             return tiers, store.load_identity(rank, job_key, wait)
         path = perms.persistent_dir(Path(persistent_dir))
-        tiers.append(DirTier(layout.ensure_dir(path, "persistent tier"), persistent_every))
+        root = layout.ensure_dir(path, "persistent tier")
+        tiers.append(DirTier(root, persistent_every, direct_io))
         adopt = None
         if s3 is not None:
             if not is_s3_url(s3):
