@@ -39,6 +39,7 @@ from hyperpod_agent.checkpoint.s3config import S3Options
 from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
 from hyperpod_agent.checkpoint.state import Leaf, copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
+from hyperpod_agent.checkpoint.uploads import Plan, Uploads
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,7 @@ class Checkpointer:
         self._replica = self._successor_client()
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
         self._pool = StagingPool(self.memory_dir, rank)
+        self._uploads = Uploads(self.tiers, self._pool, rank)  # run on after their save
         self._last: SaveHandle | None = None
         self._saves = 0
         self._lock = threading.Lock()
@@ -224,11 +226,24 @@ class Checkpointer:
             save = f"{self.attempt}.{index}"
             times = {"start": t0}
             progress = Progress()
+            uploads = self._uploads.plan(step, index, slot)
             # The writers start now and follow the copy below leaf by leaf.
             fut = self._workers.submit(
-                self._durable, step, index, save, skeleton, leaves, size, times, slot, progress
+                self._durable,
+                step,
+                index,
+                save,
+                skeleton,
+                leaves,
+                size,
+                times,
+                slot,
+                progress,
+                uploads,
             )
-            self._last = SaveHandle(step, fut, times)
+            self._last = SaveHandle(
+                step, fut, times, [f for f in uploads.values() if isinstance(f, Future)]
+            )
             try:
                 for leaf in leaves:
                     copy_leaf(leaf, staging)
@@ -243,15 +258,20 @@ class Checkpointer:
         return self._last
 
     def wait(self) -> None:
-        """Wait for every save so far; raise if the last one failed on a tier."""
+        """Wait for every save so far (and its uploads); raise if the last one failed on a
+        tier."""
         with self._lock:
             last = self._last
+            running = self._uploads.running()
         if last is not None:
             last.wait()
+        for f in running:
+            f.result()
 
     def close(self) -> None:
         """Finish pending saves and stop the replica server if this object hosts one."""
         self._workers.shutdown(wait=True)
+        self._uploads.close()
         self._pool.close()
         if self._replica is not None:
             self._replica.close()
@@ -291,6 +311,7 @@ class Checkpointer:
         times: dict[str, float],
         slot: Slot,
         progress: Progress,
+        uploads: Plan,
     ) -> dict[str, str]:
         lower_priority(_threads.DISK)
         buf = slot.array[:size]
@@ -306,7 +327,12 @@ class Checkpointer:
             )
         job = SaveJob(step, save, skeleton, leaves, buf, metas, times, progress)
         for tier in self.tiers:
-            if index % tier.every == 0:
+            plan = uploads.get(tier.name)
+            if isinstance(plan, str):
+                tiers[tier.name] = plan  # skipped
+            elif isinstance(plan, Future):
+                self._start_upload(tier, job, slot, tiers, plan)
+            elif index % tier.every == 0:
                 jobs.append((tier.name, lambda t=tier: t.write(self, job)))
         # The data files need no checksums, so every tier starts writing as soon as its bytes
         # are staged and takes the checksums (computed here meanwhile) for the metadata it
@@ -349,6 +375,24 @@ class Checkpointer:
         if slot.mapped:
             self._pool.prepare(size)
         return tiers
+
+    def _start_upload(
+        self,
+        tier: PersistentTier,
+        job: SaveJob,
+        slot: Slot,
+        tiers: dict[str, str],
+        done: Future[None],
+    ) -> None:
+        """``tier``'s write of ``job`` on after the save (uploads.py)."""
+
+        def run() -> None:
+            self._tier(tiers, tier.name, lambda: tier.write(self, job), job.times)
+
+        def skip(why: str) -> None:
+            tiers[tier.name] = why
+
+        self._uploads.start(tier, slot, run, skip, done)
 
     def _tier(self, tiers: dict[str, str], name: str, fn: Any, times: dict[str, float]) -> None:
         try:

@@ -212,6 +212,7 @@ class PersistentTier:
     location: str = ""  # where, for messages
     every: int = 1  # written on every ``every``-th save of the process
     nice: int = _threads.DISK  # CPU priority of the writer
+    detach: bool = False  # the upload may run on after its save (Checkpointer._plan_uploads)
 
     def write(self, ck: Checkpointer, job: SaveJob) -> None:
         """Write this rank's shard of ``job.step``; rank 0 then commits it and applies

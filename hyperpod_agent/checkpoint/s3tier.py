@@ -67,6 +67,10 @@ def location_of(url: str) -> str:
 class S3Tier(PersistentTier):
     """A persistent tier in an object store; see the module docstring."""
 
+    # A slow or hung store must not hold the next save back: the upload runs on after
+    # its save, from the pinned staging buffer (Checkpointer._plan_uploads).
+    detach = True
+
     def __init__(
         self,
         url: str,

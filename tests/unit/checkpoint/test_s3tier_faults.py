@@ -198,14 +198,49 @@ def test_a_store_that_hangs_never_blocks_training(
         handle = ckpt.save(1, _state(1))  # returns once the state is staged
         _wait_for(lambda: proxy.served["stall"] >= 1, "the upload reaches the store")
         assert not handle.done(), "the upload hangs; the training loop has its state back"
+        # The next save does not wait for the hung upload: its memory tier is written and
+        # its own upload skipped (one upload in flight), while step 1 still hangs.
+        nxt = ckpt.save(2, _state(2))
+        assert nxt.wait(timeout=30) == {
+            "memory": "ok",
+            "persistent": "skipped: the upload of step 1 is still running",
+        }
+        assert not handle.done()
         proxy.stop()  # the endpoint goes away: the hung request is cut, the retry refused
         with pytest.raises(CheckpointError) as e:
             handle.wait(timeout=60)
         assert str(e.value).startswith(
             f"step 1: persistent tier failed: {url}/step-0000000001/step.json: "
         )
+        got = ckpt.load_latest()  # the store is gone: the memory tier has step 2
+        assert got is not None and got[0] == 2
     finally:
         proxy.stop()  # a failed assertion must not leave close() waiting for the upload
+        ckpt.close()
+
+
+def test_an_upload_in_flight_keeps_its_staging_memory(
+    proxy: FaultProxy, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # With one step kept in memory, the next save retires the uploading step's buffer: the
+    # one after must not stage into it while its parts are still being sent.
+    url = _url(request)
+    ckpt = Checkpointer(url, memory_dir=tmp_path / "m", keep_memory=1, s3_options=SMALL_PARTS)
+    big = [{"w": np.full(3 << 20, s, dtype=np.int32)} for s in range(4)]
+    try:
+        proxy.inject("hold", 1, methods=("PUT",), skip=1)  # the second part of step 1 waits
+        first = ckpt.save(1, big[1])
+        _wait_for(lambda: proxy.served["hold"] == 1, "a part is held")
+        for s in (2, 3):
+            assert ckpt.save(s, big[s]).wait(timeout=30)["persistent"].startswith("skipped")
+        proxy.release()
+        assert first.wait(timeout=60) == {"memory": "ok", "persistent": "ok"}
+        shutil.rmtree(tmp_path / "m")
+        got = ckpt.load_latest()  # from the store: step 1, as it was staged
+        assert got is not None and got[0] == 1
+        assert_same(got[1], big[1])
+    finally:
+        proxy.release()
         ckpt.close()
 
 
