@@ -2,11 +2,10 @@
 
 A plain ``write`` + ``fsync`` copies the buffer into the page cache (allocating every page,
 which on a VM with free page reporting costs a host fault per page) and only then, at
-``fsync``, starts writing it to the disk: the copy and the disk never overlap. Measured on
-the benchmark VM (ext4 on virtio, 2 vCPUs), medians of interleaved rounds from a tmpfs
-mapping like the staging buffer: 256 MiB at 2.50 GB/s plain, 3.68 GB/s with O_DIRECT;
-1 GiB at 1.37 GB/s plain, 4.09 GB/s with O_DIRECT (and 3.8 GB/s buffered with the
-writeback of each chunk started as soon as it is written).
+``fsync``, starts writing it to the disk: the copy and the disk never overlap. On the
+benchmark VM (ext4 on virtio, 2 vCPUs) O_DIRECT wrote 1.5-3x faster than a plain
+write+fsync, and buffered writes whose writeback starts chunk by chunk came close to it
+(bench/checkpoint.py prints all three as ceilings; figures in docs/checkpoint.md).
 
 So the persistent tier writes the staging buffer with O_DIRECT when it is the whole file
 (block-aligned address and size: the bulk goes straight from the buffer to the device,
