@@ -156,12 +156,15 @@ def await_ranks(
     read: Callable[[int], dict[str, Any]],
     interval: float = 0.05,
     max_interval: float = 0.05,
+    gone: Callable[[set[int]], set[int]] | None = None,
 ) -> None:
     """Block until every rank's metadata of ``step`` names this save, or raise after
     ``commit_timeout`` naming the ranks missing (and those holding another save's file).
 
     ``versions()`` lists the metadata present now, rank -> a token that changes when the
     file is replaced; ``read(rank)`` reads one. Only new or replaced files are read.
+    ``gone(pending)``, if given, tells which of the pending ranks will never write this
+    step (they moved on to a newer one): waiting for them is given up at once.
     """
     deadline = time.monotonic() + ck.commit_timeout
     pending = set(range(ck.world_size))
@@ -186,6 +189,12 @@ def await_ranks(
                 other.add(r)
         if not pending:
             return
+        skipped = sorted(gone(pending)) if gone is not None else []
+        if skipped:
+            raise CheckpointError(
+                f"step {step}: ranks {skipped} moved on to a newer step without writing this "
+                "one: not committed"
+            )
         if time.monotonic() >= deadline:
             have = sorted(set(range(ck.world_size)) - pending)
             stale = f" (ranks {sorted(other)} hold files of another save)" if other else ""

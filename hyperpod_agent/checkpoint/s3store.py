@@ -325,9 +325,10 @@ class S3Store:
 
     # ---- list and delete ------------------------------------------------------------------
 
-    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object whose name starts with ``prefix``, in key order, page by page."""
-        for page in self._pages(prefix, None):
+    def list_objects(self, prefix: str = "", after: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose name starts with ``prefix`` (and, with ``after``, sorts after
+        that name), in key order, page by page."""
+        for page in self._pages(prefix, None, after):
             for o in page.get("Contents", []):
                 version = (str(o.get("ETag", "")), str(o.get("LastModified", "")))
                 yield ObjectInfo(self.location.name(o["Key"]), int(o["Size"]), version)
@@ -342,13 +343,17 @@ class S3Store:
             ]
         return out
 
-    def _pages(self, prefix: str, delimiter: str | None) -> Iterator[dict[str, Any]]:
+    def _pages(
+        self, prefix: str, delimiter: str | None, after: str = ""
+    ) -> Iterator[dict[str, Any]]:
         kwargs: dict[str, Any] = {
             "Prefix": self.location.list_key(prefix),
             "MaxKeys": self.options.page_size,
         }
         if delimiter:
             kwargs["Delimiter"] = delimiter
+        if after:
+            kwargs["StartAfter"] = self.location.list_key(after)
         token = None
         for _ in range(1 << 24):  # a bound, far beyond any real listing
             page = self._call(

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 _STEP = re.compile(r"step-([0-9]{10})", re.ASCII)
 _META = re.compile(r"rank-([0-9]{5})\.json", re.ASCII)
+_NEWER = re.compile(r"step-([0-9]{10})/rank-([0-9]{5})\.json", re.ASCII)
 
 
 def location_of(url: str) -> str:
@@ -200,8 +201,30 @@ class S3Tier(PersistentTier):
             name = pre + layout.meta_name(r)
             return layout.parse_meta(self.store.get(name), self.uri(name))
 
+        checked: dict[str, Hashable] = {}
+
+        def gone(pending: set[int]) -> set[int]:
+            # Uploads run one at a time per rank, in save order, and a rank skips a save
+            # when its previous upload still runs (uploads.py): a pending rank whose
+            # metadata of a newer step belongs to a later save of this launch will never
+            # write this step. (Newer steps of an earlier launch are left alone.)
+            out: set[int] = set()
+            for o in self.store.list_objects("step-", after=pre + "~"):
+                m = _NEWER.fullmatch(o.name)
+                r = int(m.group(2)) if m else -1
+                if r not in pending or r in out or checked.get(o.name) == o.version:
+                    continue
+                checked[o.name] = o.version
+                try:
+                    meta = layout.parse_meta(self.store.get(o.name), self.uri(o.name))
+                except CorruptShardError:
+                    continue
+                if meta.get("run") == ck.run.run and _later(meta.get("save"), save):
+                    out.add(r)
+            return out
+
         # A listing is a request: poll gently (0.1 s, growing to 1 s), not every 50 ms.
-        await_ranks(ck, step, save, versions, read, interval=0.1, max_interval=1.0)
+        await_ranks(ck, step, save, versions, read, 0.1, 1.0, gone)
         s3layout.commit(self.store, step, manifest(ck, step, save))
 
     # ---- restore --------------------------------------------------------------------------
@@ -290,6 +313,15 @@ class S3Source(restore.Source):
         name = s3layout.step_prefix(step) + layout.data_name(rank)
         self.store.read_into(name, buf.data, offset=offset)
         return buf
+
+
+def _later(other: object, save: str) -> bool:
+    """``other`` is a later save of the same launch as ``save`` (``<launch>.<n>``)."""
+    if not isinstance(other, str):
+        return False
+    launch, _, n = save.rpartition(".")
+    o_launch, _, o_n = other.rpartition(".")
+    return o_launch == launch and o_n.isascii() and o_n.isdigit() and int(o_n) > int(n)
 
 
 def _json(doc: dict[str, Any]) -> bytes:

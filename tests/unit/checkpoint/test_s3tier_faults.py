@@ -244,6 +244,47 @@ def test_an_upload_in_flight_keeps_its_staging_memory(
         ckpt.close()
 
 
+def test_a_step_a_rank_skipped_is_given_up_at_once(
+    s3_server: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+) -> None:
+    # Ranks skip an upload on their own, when their previous one still runs, so they may
+    # skip different steps. Rank 0 must not wait out commit_timeout for a rank that moved
+    # on (its metadata of a later save is there): it gives the step up and says which.
+    url = _url(request)
+    monkeypatch.setenv("SLURM_JOB_ID", "813")
+    use_aws_env(monkeypatch, tmp_path, s3_server.env())
+    common: dict[str, Any] = {"world_size": 2, "commit_timeout": 90, "s3_options": FAST}
+    r0 = Checkpointer(url, memory_dir=tmp_path / "m0", rank=0, **common)
+    with FaultProxy(s3_server.port, timeout=60) as slow:  # rank 1's store is slow
+        monkeypatch.setenv("AWS_ENDPOINT_URL", slow.url)
+        r1 = Checkpointer(url, memory_dir=tmp_path / "m1", rank=1, **common)
+        try:
+            slow.inject("hold", 1, methods=("PUT",))
+            r1_4 = r1.save(4, _state(4))
+            _wait_for(lambda: slow.served["hold"] == 1, "rank 1's upload of step 4 is held")
+            assert r1.save(5, _state(5)).wait(timeout=30)["persistent"] == (
+                "skipped: the upload of step 4 is still running"
+            )
+            r0_4 = r0.save(4, _state(4))
+            slow.release()
+            for h in (r0_4, r1_4):
+                assert h.wait(timeout=60)["persistent"] == "ok"
+            assert r1.save(6, _state(6)).wait(timeout=60)["persistent"] == "ok"
+            with pytest.raises(CheckpointError) as e:  # waiting out commit_timeout: TimeoutError
+                r0.save(5, _state(5)).wait(timeout=30)
+            assert str(e.value) == (
+                "step 5: persistent tier failed: step 5: ranks [1] moved on to a newer step "
+                "without writing this one: not committed"
+            )
+        finally:
+            slow.release()
+            r1.close()
+            r0.close()
+
+
 @pytest.mark.parametrize(("behind", "nice"), [(False, _threads.DISK), (True, _threads.NETWORK)])
 def test_uploads_run_at_the_background_priority(
     proxy: FaultProxy, tmp_path: Path, request: pytest.FixtureRequest, behind: bool, nice: int
