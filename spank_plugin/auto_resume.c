@@ -9,15 +9,25 @@
  *       job-control env AUTO_RESUME=N.  Slurm hands it to job_submit/lua as
  *       job_desc.spank_job_env and to Prolog/Epilog(Slurmctld) as
  *       SPANK_AUTO_RESUME.
+ *       With checkpoint_root=, every new job (with the option or not) also
+ *       gets a random job key, job-control env HYPERPOD_JOB_KEY: the job's
+ *       processes see SLURM_SPANK_HYPERPOD_JOB_KEY, and it survives a requeue
+ *       (it is part of the job record).  A job id Slurm hands out again after
+ *       its state was reset gets a new key.
  *   remote (slurmstepd, runs as root, knows the job id):
  *       task env HYPERPOD_AUTO_RESUME=N, HYPERPOD_CHECKPOINT_DIR=<root>/<jobid>
  *       (unless the job set it), and a marker file <statedir>/<jobid> for
  *       steps started with --auto-resume inside a batch script, which the
- *       job_submit hook never sees.
+ *       job_submit hook never sees.  HYPERPOD_CHECKPOINT_JOB_KEY=<key> when
+ *       HYPERPOD_CHECKPOINT_DIR is <root>/<jobid> (and unset otherwise): the
+ *       checkpoint library then refuses a directory made for another key, so
+ *       a reused job id never restores an old job's checkpoints, while a
+ *       directory the job chose itself is left alone.
  *
  * plugstack.conf arguments (all optional, each at most once):
  *   statedir=/abs/dir         where slurmstepd writes marker files
- *   checkpoint_root=/abs/dir  parent of HYPERPOD_CHECKPOINT_DIR
+ *   checkpoint_root=/abs/dir  parent of HYPERPOD_CHECKPOINT_DIR, or
+ *   checkpoint_root=s3://bucket[/prefix]  (an object store)
  *   max=M                     largest accepted N (default 1000)
  *   default=D                 N for a bare --auto-resume (default 1)
  */
@@ -28,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -40,6 +51,11 @@ SPANK_PLUGIN(auto_resume, 1);
 #define AR_DEFAULT_MAX 1000L
 #define AR_LIMIT_MAX 1000000L	/* bound for max= itself */
 #define AR_DEFAULT_BARE 1L
+#define AR_KEY_BYTES 16			/* job key: 128 random bits, 32 hex digits */
+#define AR_KEY_ENV "HYPERPOD_JOB_KEY"	/* job-control env name */
+/* ... as the job sees it, and as tasks get it along with the directory */
+#define AR_KEY_JOB_ENV "SLURM_SPANK_" AR_KEY_ENV
+#define AR_KEY_TASK_ENV "HYPERPOD_CHECKPOINT_JOB_KEY"
 
 struct ar_config {
 	char statedir[PATH_MAX];	/* "" = write no marker */
@@ -129,6 +145,59 @@ static int ar_parse_path(const char *arg, const char *val, char *dst, size_t len
 	return 0;
 }
 
+/*
+ * s3://bucket[/prefix]: a bucket name as S3 allows it (3-63 of a-z, 0-9, '.',
+ * '-', starting and ending with a letter or digit, no "..") and a prefix of
+ * segments of A-Z a-z 0-9 '.' '_' '-', none empty, "." or "..", so that
+ * <root>/<jobid> is a well-formed key prefix.  Returns 0 if valid.
+ */
+static int ar_check_s3(const char *val)
+{
+	const char *b = val + 5, *end = strchr(b, '/'), *seg;
+	size_t blen = end ? (size_t) (end - b) : strlen(b), i;
+
+	if (strncmp(val, "s3://", 5) || blen < 3 || blen > 63)
+		return -1;
+	for (i = 0; i + 1 < blen; i++)
+		if (b[i] == '.' && b[i + 1] == '.')
+			return -1;
+	for (i = 0; i < blen; i++)
+		if (!strchr("abcdefghijklmnopqrstuvwxyz0123456789.-", b[i]))
+			return -1;
+	if (!strchr("abcdefghijklmnopqrstuvwxyz0123456789", b[0]) ||
+	    !strchr("abcdefghijklmnopqrstuvwxyz0123456789", b[blen - 1]))
+		return -1;
+	for (seg = end; seg; seg = strchr(seg + 1, '/')) {
+		const char *next = strchr(seg + 1, '/');
+		size_t n = next ? (size_t) (next - seg - 1) : strlen(seg + 1);
+
+		if (n == 0 || (n == 1 && seg[1] == '.') ||
+		    (n == 2 && seg[1] == '.' && seg[2] == '.'))
+			return -1;
+		if (strspn(seg + 1, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+			   "abcdefghijklmnopqrstuvwxyz0123456789._-") < n)
+			return -1;
+	}
+	return 0;
+}
+
+static int ar_parse_root(const char *arg, const char *val, char *dst, size_t len)
+{
+	if (val[0] == '/')
+		return ar_parse_path(arg, val, dst, len);
+	if (ar_check_s3(val)) {
+		ar_error("parse plugstack argument '%s': want an absolute path or "
+			 "s3://bucket[/prefix]", arg);
+		return -1;
+	}
+	if (strlen(val) >= len) {
+		ar_error("parse plugstack argument '%s': path too long", arg);
+		return -1;
+	}
+	memcpy(dst, val, strlen(val) + 1);
+	return 0;
+}
+
 enum ar_key { AR_STATEDIR, AR_CHECKPOINT_ROOT, AR_MAX, AR_DEFAULT, AR_NKEYS };
 
 static const char *const ar_keys[AR_NKEYS] = {
@@ -184,7 +253,7 @@ static int ar_parse_args(int ac, char **av)
 			bad = ar_parse_path(arg, eq + 1, c.statedir, sizeof(c.statedir));
 			break;
 		case AR_CHECKPOINT_ROOT:
-			bad = ar_parse_path(arg, eq + 1, c.checkpoint_root,
+			bad = ar_parse_root(arg, eq + 1, c.checkpoint_root,
 					    sizeof(c.checkpoint_root));
 			break;
 		case AR_MAX:
@@ -338,6 +407,81 @@ fail:
 	return -1;
 }
 
+/* A job key as the plugin makes them: 32 lowercase hex digits. */
+static int ar_valid_key(const char *key)
+{
+	return strlen(key) == 2 * AR_KEY_BYTES &&
+		strspn(key, "0123456789abcdef") == 2 * AR_KEY_BYTES;
+}
+
+/*
+ * Allocator and local context: give a new job its key.  sbatch and salloc
+ * always make a new job; srun makes one only outside an existing job, whose
+ * key it inherits (Slurm loads SLURM_SPANK_* of its environment into the
+ * job-control env).  sbatch and salloc pass the job-control env to the job
+ * as SLURM_SPANK_*; srun does not, so the key goes into its own environment,
+ * which its tasks inherit.
+ */
+static int ar_job_key(spank_t sp)
+{
+	unsigned char raw[AR_KEY_BYTES];
+	char key[2 * AR_KEY_BYTES + 1];
+	spank_err_t err;
+	size_t i;
+
+	if (spank_context() == S_CTX_LOCAL &&
+	    spank_job_control_getenv(sp, AR_KEY_ENV, key, sizeof(key))
+	    == ESPANK_SUCCESS && ar_valid_key(key))
+		return 0;
+	if (getrandom(raw, sizeof(raw), 0) != (ssize_t) sizeof(raw)) {
+		ar_error("make job key: getrandom: %s", strerror(errno));
+		return -1;
+	}
+	for (i = 0; i < sizeof(raw); i++)
+		snprintf(key + 2 * i, 3, "%02x", raw[i]);
+	err = spank_job_control_setenv(sp, AR_KEY_ENV, key, 1);
+	if (err != ESPANK_SUCCESS) {
+		ar_error("set job control env %s: %s", AR_KEY_ENV,
+			 spank_strerror(err));
+		return -1;
+	}
+	if (spank_context() == S_CTX_LOCAL && setenv(AR_KEY_JOB_ENV, key, 1) < 0) {
+		ar_error("set %s: %s", AR_KEY_JOB_ENV, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Remote context: the job key applies to <root>/<jobid> only.  A step whose
+ * HYPERPOD_CHECKPOINT_DIR is that directory (set here, or inherited from the
+ * batch step) gets the key; any other directory (the job's own choice) gets
+ * none, so a chain of jobs sharing one directory is never refused.
+ */
+static int ar_bind_job_key(spank_t sp, uint32_t jobid)
+{
+	char key[2 * AR_KEY_BYTES + 1], dir[PATH_MAX + 16], want[PATH_MAX + 16];
+	spank_err_t err;
+
+	snprintf(want, sizeof(want), "%s/%u", cfg.checkpoint_root, jobid);
+	if (spank_getenv(sp, AR_KEY_JOB_ENV, key, sizeof(key)) == ESPANK_SUCCESS &&
+	    ar_valid_key(key) &&
+	    spank_getenv(sp, "HYPERPOD_CHECKPOINT_DIR", dir, sizeof(dir))
+	    == ESPANK_SUCCESS && !strcmp(dir, want)) {
+		err = spank_setenv(sp, AR_KEY_TASK_ENV, key, 1);
+		if (err != ESPANK_SUCCESS) {
+			ar_error("set %s: %s", AR_KEY_TASK_ENV, spank_strerror(err));
+			return -1;
+		}
+		return 0;
+	}
+	if ((err = spank_unsetenv(sp, AR_KEY_TASK_ENV)) != ESPANK_SUCCESS) {
+		ar_error("unset %s: %s", AR_KEY_TASK_ENV, spank_strerror(err));
+		return -1;
+	}
+	return 0;
+}
+
 /* slurmstepd, before the tasks start: runs as root with the job id known. */
 static int ar_remote_post_opt(spank_t sp)
 {
@@ -350,6 +494,8 @@ static int ar_remote_post_opt(spank_t sp)
 		ar_error("get job id: %s", spank_strerror(err));
 		return -1;
 	}
+	if (ar_value < 0)	/* a step without the option: only the key's binding */
+		return cfg.checkpoint_root[0] ? ar_bind_job_key(sp, jobid) : 0;
 	snprintf(val, sizeof(val), "%ld", ar_value);
 	if ((err = spank_setenv(sp, "HYPERPOD_AUTO_RESUME", val, 1)) != ESPANK_SUCCESS) {
 		ar_error("set HYPERPOD_AUTO_RESUME: %s", spank_strerror(err));
@@ -364,6 +510,8 @@ static int ar_remote_post_opt(spank_t sp)
 			return -1;
 		}
 	}
+	if (cfg.checkpoint_root[0] && ar_bind_job_key(sp, jobid))
+		return -1;
 	/* A missing marker costs the job its requeue, not its run: the error
 	 * is logged for the admin and the step goes on. */
 	if (cfg.statedir[0])
@@ -405,11 +553,13 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 	if (ar_parse_args(ac, av))
 		return -1;
-	if (ar_value < 0)
-		return 0;
 	switch (spank_context()) {
 	case S_CTX_ALLOCATOR:
 	case S_CTX_LOCAL:
+		if (cfg.checkpoint_root[0] && ar_job_key(sp))
+			return -1;
+		if (ar_value < 0)
+			return 0;
 		snprintf(val, sizeof(val), "%ld", ar_value);
 		err = spank_job_control_setenv(sp, "AUTO_RESUME", val, 1);
 		if (err != ESPANK_SUCCESS) {

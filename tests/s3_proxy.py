@@ -11,6 +11,8 @@ taken by the next matching requests:
   connection reset in the middle of a download does;
 - ``stall``: read the request and never answer (until the proxy stops), as an overloaded or
   black-holed endpoint does;
+- ``hold``: hold the request until :meth:`FaultProxy.release`, then forward it (a slow
+  store, for as long as the test wants);
 - ``norange`` / ``shiftrange``: drop the request's Range header, or move its start one byte
   on, as a store that ignores or misreads ranges would (this breaks the request's
   signature: use with a server started with ``auth=False``).
@@ -100,6 +102,7 @@ class FaultProxy:
         self._faults: list[_Fault] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._released = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -123,10 +126,14 @@ class FaultProxy:
     ) -> None:
         """Queue a fault for the next ``count`` requests (of ``methods``, default any), after
         letting ``skip`` of them through."""
-        if kind not in ("slowdown", "truncate", "stall", "norange", "shiftrange"):
+        if kind not in ("slowdown", "truncate", "stall", "hold", "norange", "shiftrange"):
             raise ValueError(f"unknown fault {kind!r}")
         with self._lock:
             self._faults.append(_Fault(kind, count, frozenset(methods), keep, skip))
+
+    def release(self) -> None:
+        """Let every held request (and every later one) through."""
+        self._released.set()
 
     def clear(self) -> None:
         """Drop the faults not yet served."""
@@ -167,7 +174,9 @@ class FaultProxy:
             fault = self._take(method)
             if fault is not None and fault.kind in ("norange", "shiftrange"):
                 head = _rewrite_range(head, fault.kind == "shiftrange")
-            if fault is None or fault.kind in ("truncate", "norange", "shiftrange"):
+            if fault is not None and fault.kind == "hold":
+                self._released.wait(self.timeout)
+            if fault is None or fault.kind in ("truncate", "hold", "norange", "shiftrange"):
                 keep = fault.keep if fault is not None and fault.kind == "truncate" else -1
                 self._forward(client, head, rest, keep)
             elif fault.kind == "slowdown":

@@ -20,6 +20,7 @@ from hyperpod_agent.checkpoint.errors import (
 from hyperpod_agent.checkpoint.handle import SaveHandle
 from hyperpod_agent.checkpoint.replica import ReplicaServer
 from hyperpod_agent.checkpoint.restore import RestoreInfo
+from hyperpod_agent.checkpoint.s3config import S3Options
 
 __all__ = [
     "CheckpointConfigError",
@@ -30,6 +31,7 @@ __all__ = [
     "ReplicaError",
     "ReplicaServer",
     "RestoreInfo",
+    "S3Options",
     "SaveHandle",
     "TemplateMismatchError",
     "UnsupportedStateError",

@@ -23,8 +23,6 @@ from hyperpod_agent.checkpoint import (
     loader,
     memtier,
     metrics,
-    perms,
-    persistent,
     restore,
 )
 from hyperpod_agent.checkpoint._threads import lower_priority
@@ -34,11 +32,14 @@ from hyperpod_agent.checkpoint.errors import (
     CheckpointStorageError,
 )
 from hyperpod_agent.checkpoint.handle import SaveHandle, spare_cpus
+from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier, SaveJob, open_tiers
 from hyperpod_agent.checkpoint.replica import ReplicaServer
 from hyperpod_agent.checkpoint.replica_client import ReplicaClient
+from hyperpod_agent.checkpoint.s3config import S3Options
 from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
 from hyperpod_agent.checkpoint.state import Leaf, copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
+from hyperpod_agent.checkpoint.uploads import Plan, Uploads
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,11 @@ class Checkpointer:
         secret: bytes | str | None = None,
         job_id: str | None = None,
         attempt: str | None = None,
+        s3: str | None = None,
+        s3_every: int = 1,
+        s3_options: S3Options | None = None,
+        job_key: str | None = None,
+        direct_io: bool = True,
     ):
         if not 0 <= rank < world_size:
             raise CheckpointConfigError(f"rank {rank} is outside world size {world_size}")
@@ -79,6 +85,7 @@ class Checkpointer:
             ("keep_memory", keep_memory),
             ("keep_persistent", keep_persistent),
             ("peer_streams", peer_streams),
+            ("s3_every", s3_every),
         ):
             if value < 1:
                 raise CheckpointConfigError(f"{name} must be at least 1, got {value}")
@@ -88,10 +95,28 @@ class Checkpointer:
             raise CheckpointConfigError(
                 f"node {node!r} is not in the peer list ({', '.join(sorted(self.peers))})"
             )
-        persistent = perms.persistent_dir(Path(persistent_dir))
-        self.persistent_dir = layout.ensure_dir(persistent, "persistent tier")
-        # The run owns its fast tiers: they live in a directory named after it (identity.py).
-        self.run = identity.load_or_create(self.persistent_dir)
+        if job_key is not None and not identity.JOB_KEY_RE.fullmatch(job_key):
+            raise CheckpointConfigError(
+                f"job key {job_key!r}: expected 8-128 of A-Z, a-z, 0-9, '.', '_', ':', '-'"
+            )
+        self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
+        # The durable tiers, in the order a restore tries them; the run owns its fast tiers:
+        # they live in a directory named after it (identity.py).
+        self.tiers, self.run = open_tiers(
+            persistent_dir,
+            persistent_every,
+            s3,
+            s3_every,
+            s3_options,
+            job_key,
+            rank,
+            commit_timeout,
+            direct_io,
+        )
+        self.persistent: PersistentTier = self.tiers[0]
+        self.persistent_dir: Path | None = (
+            self.persistent.root if isinstance(self.persistent, DirTier) else None
+        )
         # The job's secret if one is set (a standalone replica server knows only that one),
         # else the run's own: every rank reads it from the persistent directory.
         self.secret: bytes = handshake.as_secret(secret) or self.run.secret
@@ -99,24 +124,23 @@ class Checkpointer:
         self.memory_root = (
             Path(memory_dir) if memory_dir is not None else identity.default_job_dir(job_id)
         )
-        self._run_dir = memtier.RunDir(self.memory_root, self.run, self.persistent_dir, rank)
+        self._run_dir = memtier.RunDir(self.memory_root, self.run, self.persistent.location, rank)
         self.memory_dir: Path | None = self._run_dir.path
         others = self._run_dir.others() if self.memory_dir is not None else []
         if others and local_rank == 0:
             log.warning(
                 "memory tier %s: ignoring the checkpoints of %d other run(s) here (%s): they "
-                "are not this run's (its identity is %s); the node agent frees them",
+                "are not this run's (its identity is in %s); the node agent frees them",
                 self.memory_root,
                 len(others),
                 ", ".join(others),
-                self.persistent_dir / identity.RUN_FILE,
+                self.persistent.location,
             )
         self.persistent_every, self.keep_memory = persistent_every, keep_memory
         self.keep_persistent = keep_persistent
         self.replicated = frozenset(replicated)
         group = list(replica_group) if replica_group is not None else list(range(world_size))
         self.replica_group = group if rank in group else [rank]
-        self.commit_timeout, self.peer_timeout = commit_timeout, peer_timeout
         self.peer_streams = peer_streams
         # Writing the persistent tier while later leaves are still being staged shortens the
         # time to durable by the staging copy, but the writer then competes with the training
@@ -135,10 +159,13 @@ class Checkpointer:
                     ).start()
                 except BaseException:
                     self._run_dir.release()
+                    for tier in self.tiers:
+                        tier.close()
                     raise
         self._replica = self._successor_client()
         self._workers = ThreadPoolExecutor(1, thread_name_prefix="hyperpod-ckpt")
         self._pool = StagingPool(self.memory_dir, rank)
+        self._uploads = Uploads(self.tiers, self._pool, rank)  # run on after their save
         self._last: SaveHandle | None = None
         self._saves = 0
         self._lock = threading.Lock()
@@ -199,11 +226,24 @@ class Checkpointer:
             save = f"{self.attempt}.{index}"
             times = {"start": t0}
             progress = Progress()
+            uploads = self._uploads.plan(step, index, slot)
             # The writers start now and follow the copy below leaf by leaf.
             fut = self._workers.submit(
-                self._durable, step, index, save, skeleton, leaves, size, times, slot, progress
+                self._durable,
+                step,
+                index,
+                save,
+                skeleton,
+                leaves,
+                size,
+                times,
+                slot,
+                progress,
+                uploads,
             )
-            self._last = SaveHandle(step, fut, times)
+            self._last = SaveHandle(
+                step, fut, times, [f for f in uploads.values() if isinstance(f, Future)]
+            )
             try:
                 for leaf in leaves:
                     copy_leaf(leaf, staging)
@@ -218,20 +258,27 @@ class Checkpointer:
         return self._last
 
     def wait(self) -> None:
-        """Wait for every save so far; raise if the last one failed on a tier."""
+        """Wait for every save so far (and its uploads); raise if the last one failed on a
+        tier."""
         with self._lock:
             last = self._last
+            running = self._uploads.running()
         if last is not None:
             last.wait()
+        for f in running:
+            f.result()
 
     def close(self) -> None:
         """Finish pending saves and stop the replica server if this object hosts one."""
         self._workers.shutdown(wait=True)
+        self._uploads.close()
         self._pool.close()
         if self._replica is not None:
             self._replica.close()
         if self.server is not None:
             self.server.stop()
+        for tier in self.tiers:
+            tier.close()
         self._run_dir.release()
 
     def rank_meta(
@@ -264,6 +311,7 @@ class Checkpointer:
         times: dict[str, float],
         slot: Slot,
         progress: Progress,
+        uploads: Plan,
     ) -> dict[str, str]:
         lower_priority(_threads.DISK)
         buf = slot.array[:size]
@@ -277,15 +325,15 @@ class Checkpointer:
                     lambda: self._write_peer(step, save, buf, skeleton, metas, times, progress),
                 )
             )
-        if index % self.persistent_every == 0:
-            jobs.append(
-                (
-                    "persistent",
-                    lambda: persistent.write(
-                        self, step, save, skeleton, leaves, buf, metas, times, progress
-                    ),
-                )
-            )
+        job = SaveJob(step, save, skeleton, leaves, buf, metas, times, progress)
+        for tier in self.tiers:
+            plan = uploads.get(tier.name)
+            if isinstance(plan, str):
+                tiers[tier.name] = plan  # skipped
+            elif isinstance(plan, Future):
+                self._start_upload(tier, job, slot, tiers, plan)
+            elif index % tier.every == 0:
+                jobs.append((tier.name, lambda t=tier: t.write(self, job)))
         # The data files need no checksums, so every tier starts writing as soon as its bytes
         # are staged and takes the checksums (computed here meanwhile) for the metadata it
         # writes last. Network, disk and memory are different bottlenecks, and copies,
@@ -327,6 +375,24 @@ class Checkpointer:
         if slot.mapped:
             self._pool.prepare(size)
         return tiers
+
+    def _start_upload(
+        self,
+        tier: PersistentTier,
+        job: SaveJob,
+        slot: Slot,
+        tiers: dict[str, str],
+        done: Future[None],
+    ) -> None:
+        """``tier``'s write of ``job`` on after the save (uploads.py)."""
+
+        def run() -> None:
+            self._tier(tiers, tier.name, lambda: tier.write(self, job), job.times)
+
+        def skip(why: str) -> None:
+            tiers[tier.name] = why
+
+        self._uploads.start(tier, slot, run, skip, done)
 
     def _tier(self, tiers: dict[str, str], name: str, fn: Any, times: dict[str, float]) -> None:
         try:
@@ -406,7 +472,7 @@ class Checkpointer:
         """
         restored = loader.load_latest(self, template, agree)
         if restored is not None and self.rank == 0:
-            loader.note_resume(self.persistent_dir, restored[0])
+            self.persistent.note_resume(restored[0])
         return restored
 
     def load(self, step: int, template: Any = None) -> Any:

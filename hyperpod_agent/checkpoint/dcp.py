@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hyperpod_agent.checkpoint.errors import CheckpointConfigError
+
 if TYPE_CHECKING:
     from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 
@@ -29,7 +31,12 @@ COMMIT = ".metadata"
 
 
 def dcp_root(ckpt: Checkpointer) -> Path:
-    """Directory under the persistent tier that holds DCP steps."""
+    """Directory under the persistent tier that holds DCP steps (DCP's own writer and reader
+    need a file system: an object-store persistent tier has none)."""
+    if ckpt.persistent_dir is None:
+        raise CheckpointConfigError(
+            f"DCP checkpoints need a filesystem persistent tier, not {ckpt.persistent.location}"
+        )
     return ckpt.persistent_dir / "dcp"
 
 

@@ -2,7 +2,11 @@
 
 | variable | meaning |
 |---|---|
-| HYPERPOD_CHECKPOINT_DIR | persistent tier root (required; one per run) |
+| HYPERPOD_CHECKPOINT_DIR | persistent tier: a directory or s3://bucket/prefix (required) |
+| HYPERPOD_CHECKPOINT_S3 | s3://bucket/prefix: an object store behind a filesystem DIR |
+| HYPERPOD_CHECKPOINT_S3_EVERY | write that tier every M-th save (1) |
+| HYPERPOD_CHECKPOINT_JOB_KEY | the job DIR is for (the SPANK plugin sets it with DIR) |
+| HYPERPOD_CHECKPOINT_DIRECT_IO | 0: write DIR through the page cache, never O_DIRECT (1) |
 | HYPERPOD_CHECKPOINT_MEMORY_DIR | job memory directory (default /dev/shm/hyperpod-ckpt/<job>) |
 | HYPERPOD_CHECKPOINT_PEERS | ``node=host:port,...`` for every node of the job |
 | HYPERPOD_CHECKPOINT_SERVE | 1: local rank 0 hosts this node's replica server |
@@ -24,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hyperpod_agent.checkpoint.errors import CheckpointConfigError
-from hyperpod_agent.checkpoint.identity import launch_token
+from hyperpod_agent.checkpoint.identity import JOB_KEY_RE, launch_token
 
 PREFIX = "HYPERPOD_CHECKPOINT_"
 _PORT = re.compile(r"[0-9]{1,5}", re.ASCII)  # not isdigit(): it accepts digits int() refuses
@@ -61,6 +65,16 @@ def parse_peers(text: str, var: str = PREFIX + "PEERS") -> dict[str, tuple[str, 
     return peers
 
 
+def _job_key(env: Mapping[str, str]) -> str | None:
+    name = PREFIX + "JOB_KEY"
+    raw = env.get(name) or None
+    if raw is not None and not JOB_KEY_RE.fullmatch(raw):
+        raise CheckpointConfigError(
+            f"{name}={raw!r}: expected 8-128 of A-Z, a-z, 0-9, '.', '_', ':', '-'"
+        )
+    return raw
+
+
 def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     """Keyword arguments for ``Checkpointer`` from ``env``."""
     root = env.get(PREFIX + "DIR", "")
@@ -88,9 +102,17 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         "replicated": [p for p in env.get(PREFIX + "REPLICATED", "").split(",") if p],
         "job_id": job,
         "attempt": launch_token(env, world),
+        "s3": env.get(PREFIX + "S3") or None,
+        "s3_every": _int(env, (PREFIX + "S3_EVERY",), 1, low=1),
+        "job_key": _job_key(env),
     }
-    serve = env.get(PREFIX + "SERVE", "0")
-    if serve not in ("0", "1"):
-        raise CheckpointConfigError(f"{PREFIX}SERVE={serve!r}: expected 0 or 1")
-    kwargs["serve"] = serve == "1" and kwargs["local_rank"] == 0
+    kwargs["serve"] = _flag(env, "SERVE", "0") and kwargs["local_rank"] == 0
+    kwargs["direct_io"] = _flag(env, "DIRECT_IO", "1")
     return kwargs
+
+
+def _flag(env: Mapping[str, str], name: str, default: str) -> bool:
+    value = env.get(PREFIX + name, default)
+    if value not in ("0", "1"):
+        raise CheckpointConfigError(f"{PREFIX}{name}={value!r}: expected 0 or 1")
+    return value == "1"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import Future
 
 from hyperpod_agent.checkpoint.errors import CheckpointError
@@ -16,13 +17,27 @@ def spare_cpus() -> bool:
         return (os.cpu_count() or 1) >= 4
 
 
-class SaveHandle:
-    """A save in flight: staged in memory, durable writes still running."""
+SKIPPED = "skipped"  # the status of a tier a save did not write (see Checkpointer.save)
 
-    def __init__(self, step: int, future: Future[dict[str, str]], times: dict[str, float]):
+
+class SaveHandle:
+    """A save in flight: staged in memory, durable writes still running.
+
+    ``future`` is the save's work the next save waits for; ``uploads`` are object-store
+    uploads that run on after it (the next save does not wait for them).
+    """
+
+    def __init__(
+        self,
+        step: int,
+        future: Future[dict[str, str]],
+        times: dict[str, float],
+        uploads: list[Future[None]] | None = None,
+    ):
         self.step = step
         self._future = future
         self._times = times
+        self._uploads = uploads or []
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -31,12 +46,17 @@ class SaveHandle:
 
     def done(self) -> bool:
         """True once every tier of this save has finished (well or not)."""
-        return self._future.done()
+        return self._future.done() and all(f.done() for f in self._uploads)
 
     def wait(self, timeout: float | None = None) -> dict[str, str]:
-        """Block until durable; return tier -> "ok". Raise CheckpointError if a tier failed."""
+        """Block until durable; return tier -> "ok" (or "skipped: why" for a tier this save
+        did not write). Raise CheckpointError if a tier failed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         tiers = self._future.result(timeout)
-        failed = {t: s for t, s in tiers.items() if s != "ok"}
+        for f in self._uploads:
+            f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        tiers = dict(tiers)
+        failed = {t: s for t, s in tiers.items() if s != "ok" and not s.startswith(SKIPPED)}
         if failed:
             raise CheckpointError(
                 f"step {self.step}: "

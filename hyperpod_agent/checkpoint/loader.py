@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperpod_agent.checkpoint import _torch, layout, metrics, restore
-from hyperpod_agent.checkpoint.errors import CheckpointError, CorruptShardError, ReplicaError
+from hyperpod_agent.checkpoint.errors import (
+    CheckpointError,
+    CheckpointStorageError,
+    CorruptShardError,
+    ReplicaError,
+)
+from hyperpod_agent.checkpoint.persistent import TierView
 from hyperpod_agent.checkpoint.replica_client import ReplicaClient
 
 if TYPE_CHECKING:
     from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 
 log = logging.getLogger(__name__)
-_NUMBER = re.compile(r"[0-9]{1,18}", re.ASCII)
 
 PeerViews = list[tuple[restore.PeerSource, dict[int, set[int]]]]
 _NONE = layout.StepInfo(-1)
@@ -48,14 +48,25 @@ def _peer_views(ck: Checkpointer) -> PeerViews:
     return out
 
 
+def _durable_views(ck: Checkpointer) -> list[TierView]:
+    out = []
+    for tier in ck.tiers:
+        try:
+            out.append(tier.view(ck))
+        except CheckpointStorageError as exc:
+            # An object store that cannot be reached must not stop a restore the fast
+            # tiers (or another durable tier) can still make.
+            log.warning("rank %d: %s tier not consulted: %s", ck.rank, tier.name, exc)
+    return out
+
+
 class _Views:
     """What every tier holds, listed once per restore."""
 
     def __init__(self, ck: Checkpointer):
         self.local = layout.scan(ck.memory_dir) if ck.memory_dir is not None else {}
         self.peers = _peer_views(ck)
-        self.durable = {s for s, i in layout.scan(ck.persistent_dir).items() if i.committed}
-        self.persistent = restore.DirSource("persistent", ck.persistent_dir, committed=True)
+        self.durable = _durable_views(ck)
 
     def candidates(self, world_size: int) -> list[int]:
         """Steps complete in the fast tiers (all nodes together) or committed, newest first."""
@@ -64,7 +75,10 @@ class _Views:
             for s, ranks in view.items():
                 fast.setdefault(s, set()).update(ranks)
         everyone = set(range(world_size))
-        return sorted({s for s, r in fast.items() if r >= everyone} | self.durable, reverse=True)
+        steps = {s for s, r in fast.items() if r >= everyone}
+        for v in self.durable:
+            steps |= v.committed
+        return sorted(steps, reverse=True)
 
     def sources(self, ck: Checkpointer, step: int) -> list[restore.Source]:
         """Where this rank's shard of ``step`` can be read, fastest first."""
@@ -72,8 +86,7 @@ class _Views:
         if ck.memory_dir is not None and ck.rank in self.local.get(step, _NONE).ranks:
             out.append(restore.DirSource("memory", ck.memory_dir, run=ck.run.run))
         out += [src for src, view in self.peers if ck.rank in view.get(step, ())]
-        if step in self.durable:
-            out.append(self.persistent)
+        out += [v.source for v in self.durable if step in v.committed]
         return out
 
     def close(self) -> None:
@@ -87,7 +100,9 @@ def _try_step(
     for src in views.sources(ck, step):
         try:
             value = restore.read_state(src, step, ck.rank, ck.world_size, template)
-        except (CorruptShardError, ReplicaError) as exc:
+        except (CorruptShardError, ReplicaError, CheckpointStorageError) as exc:
+            # CheckpointStorageError: an object store that fails mid-restore (unreachable,
+            # throttled): the next source may still have the shard.
             why = f"step {step} rank {ck.rank}: {src.tier} tier: {exc}"
             log.warning("%s; trying the next source", why)
             metrics.FALLBACKS.labels(src.tier).inc()
@@ -143,27 +158,6 @@ def load_latest(ck: Checkpointer, template: Any, agree: bool | None) -> tuple[in
         return None
     log.warning("rank %d: restoring step %d, the newest every rank can restore", ck.rank, agreed)
     return agreed, load_step(ck, agreed, template)
-
-
-def note_resume(persistent_dir: Path, step: int) -> None:
-    """Tell the controller which step a requeued job resumed from: rank 0 writes
-    ``<persistent>/resume.json`` (contract in docs/auto-resume.md). Best effort: a
-    failure here must never stop training."""
-    doc: dict[str, Any] = {
-        "step": int(step),
-        "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
-    }
-    for key, var in (("restart_count", "SLURM_RESTART_COUNT"), ("job_id", "SLURM_JOB_ID")):
-        value = os.environ.get(var, "")
-        if _NUMBER.fullmatch(value):  # not isdigit(): int() rejects some digits it accepts
-            doc[key] = int(value)
-    path = persistent_dir / "resume.json"
-    tmp = path.with_name(f".resume.json.{os.getpid()}")
-    try:
-        tmp.write_text(json.dumps(doc) + "\n")
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.warning("could not record the resumed step in %s: %s", path, exc)
 
 
 def _dist_ready() -> bool:

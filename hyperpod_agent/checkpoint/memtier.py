@@ -23,9 +23,9 @@ class RunDir:
     """One process's hold on its run's memory-tier directory."""
 
     def __init__(
-        self, job_dir: Path, run: identity.RunIdentity, persistent_dir: Path, rank: int
+        self, job_dir: Path, run: identity.RunIdentity, persistent: Path | str, rank: int
     ) -> None:
-        self.job_dir, self.run, self.persistent_dir, self.rank = job_dir, run, persistent_dir, rank
+        self.job_dir, self.run, self.persistent, self.rank = job_dir, run, persistent, rank
         self._lock = -1
         self.path: Path | None = job_dir / run.dir_name
         try:
@@ -38,7 +38,7 @@ class RunDir:
         assert self.path is not None
         perms.private_dir(self.job_dir, "memory tier")
         perms.private_dir(self.path, "memory tier")
-        identity.record(self.path, self.run, self.persistent_dir)
+        identity.record(self.path, self.run, self.persistent)
         self._hold()
 
     def _hold(self) -> None:

@@ -1,9 +1,12 @@
-"""The persistent tier of a save: this rank's shard, then (rank 0) the step's commit.
+"""The persistent tiers of a save: this rank's shard, then (rank 0) the step's commit.
 
-A step directory may hold files of an earlier attempt at the same step (a job restored an
-older step and saves this one again, or crashed half-way through it). Each of those files
-passes its own checksum, so nothing in the files themselves tells a mix of two attempts
-from one save. Hence:
+A persistent tier is a directory (:class:`DirTier`, here) or an object store
+(``s3tier.S3Tier``); both keep the same layout and the same rules.
+
+A step may hold files of an earlier attempt at the same step (a job restored an older step
+and saves this one again, or crashed half-way through it). Each of those files passes its
+own checksum, so nothing in the files themselves tells a mix of two attempts from one save.
+Hence:
 
 - every rank's metadata names its run and its save (``<launch>.<n>``, identity.py);
 - before writing, a rank removes its own metadata of the step, and rank 0 the step's old
@@ -14,100 +17,169 @@ from one save. Hence:
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import layout, metrics
+from hyperpod_agent.checkpoint import _threads, fastio, identity, layout, metrics, perms, restore
+from hyperpod_agent.checkpoint._threads import lower_priority
 from hyperpod_agent.checkpoint.balance import assign_owners
-from hyperpod_agent.checkpoint.errors import CheckpointError, CorruptShardError
+from hyperpod_agent.checkpoint.errors import (
+    CheckpointConfigError,
+    CheckpointError,
+    CorruptShardError,
+)
+from hyperpod_agent.checkpoint.s3config import S3Options, is_s3_url
 from hyperpod_agent.checkpoint.staging import Progress
 from hyperpod_agent.checkpoint.state import ALIGN, Leaf
 
 if TYPE_CHECKING:
     from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 
+log = logging.getLogger(__name__)
 
-def write(
-    ck: Checkpointer,
-    step: int,
-    save: str,
-    skeleton: Any,
-    leaves: list[Leaf],
-    buf: np.ndarray,
-    metas: Future[list[dict[str, Any]]],
-    times: dict[str, float],
-    progress: Progress,
-) -> None:
-    """Write this rank's shard of ``step``; rank 0 then commits it and applies retention."""
-    d = layout.step_dir(ck.persistent_dir, step)
-    if ck.rank == 0:
-        (d / layout.STEP_META).unlink(missing_ok=True)
-    (d / layout.meta_name(ck.rank)).unlink(missing_ok=True)
-    owners = assign_owners(leaves, ck.replicated, ck.replica_group)
-    placed: list[int | None] = []  # offset in this rank's file, None if another rank's
-    pos = 0
-    for leaf in leaves:
-        if owners.get(leaf.path, ck.rank) != ck.rank:
-            placed.append(None)
-            continue
-        pos += -pos % ALIGN
-        placed.append(pos)
-        pos += leaf.nbytes
+RESUME_FILE = "resume.json"
+_NUMBER = re.compile(r"[0-9]{1,18}", re.ASCII)  # not isdigit(): it accepts digits int() refuses
 
-    def chunks() -> Iterator[memoryview]:
-        if not ck.overlap:
-            progress.wait(len(buf))
+
+@dataclass
+class SaveJob:
+    """One save as the durable tiers see it: the staged bytes and how to describe them."""
+
+    step: int
+    save: str
+    skeleton: Any
+    leaves: list[Leaf]
+    buf: np.ndarray  # the staging buffer, filled as ``progress`` says
+    metas: Future[list[dict[str, Any]]]  # the leaves' entries with checksums, once computed
+    times: dict[str, float]
+    progress: Progress
+
+
+@dataclass
+class Placement:
+    """Where this rank's leaves go in its persistent file.
+
+    A replicated leaf assigned to another rank is not stored here (balance.py); the others
+    are packed at aligned offsets, exactly as in the staging buffer when the rank owns them
+    all, so that the buffer itself can be written (or uploaded) without a copy.
+    """
+
+    offsets: list[int | None]  # offset in this rank's file, None if another rank's leaf
+    owners: dict[str, int]
+    size: int
+    whole: bool  # the file is the staging buffer as it is
+
+    def entries(self, leaves: list[Leaf], metas: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The metadata entries of this rank's file."""
+        out: list[dict[str, Any]] = []
+        for leaf, e, at in zip(leaves, metas, self.offsets, strict=True):
+            if at is None:
+                out.append(leaf.describe() | {"owner": self.owners[leaf.path]})
+            else:
+                out.append({**e, "offset": at})
+        return out
+
+    def chunks(self, job: SaveJob, follow: bool) -> Iterator[memoryview]:
+        """The file's bytes as views of the staging buffer (zeros between leaves); with
+        ``follow``, each leaf as soon as it is staged."""
+        if not follow:
+            job.progress.wait(len(job.buf))
         at = 0
-        for leaf, where in zip(leaves, placed, strict=True):
+        for leaf, where in zip(job.leaves, self.offsets, strict=True):
             if where is None:
                 continue
             if where > at:
                 yield memoryview(bytes(where - at))
-            progress.wait(leaf.offset + leaf.nbytes)  # written as soon as it is staged
-            yield buf[leaf.offset : leaf.offset + leaf.nbytes].data
+            job.progress.wait(leaf.offset + leaf.nbytes)
+            yield job.buf[leaf.offset : leaf.offset + leaf.nbytes].data
             at = where + leaf.nbytes
 
-    layout.atomic_write(d / layout.data_name(ck.rank), chunks())
-    stored: list[dict[str, Any]] = []
-    for leaf, e, at in zip(leaves, metas.result(), placed, strict=True):
-        if at is None:
-            stored.append(leaf.describe() | {"owner": owners[leaf.path]})
-        else:
-            stored.append({**e, "offset": at})
-    layout.write_json(
-        d / layout.meta_name(ck.rank), ck.rank_meta(step, save, skeleton, stored, pos)
-    )
-    metrics.BYTES_WRITTEN.labels("persistent").inc(pos)
-    if ck.rank == 0:
-        commit(ck, step, save)
-        times["persistent"] = time.perf_counter() - times["start"]
-        layout.prune(ck.persistent_dir, ck.keep_persistent, committed=True)
+
+def place(ck: Checkpointer, leaves: list[Leaf]) -> Placement:
+    """This rank's placement of ``leaves`` (every rank computes the same owners)."""
+    owners = assign_owners(leaves, ck.replicated, ck.replica_group)
+    offsets: list[int | None] = []
+    pos = 0
+    for leaf in leaves:
+        if owners.get(leaf.path, ck.rank) != ck.rank:
+            offsets.append(None)
+            continue
+        pos += -pos % ALIGN
+        offsets.append(pos)
+        pos += leaf.nbytes
+    whole = all(at == leaf.offset for at, leaf in zip(offsets, leaves, strict=True))
+    return Placement(offsets, owners, pos, whole)
 
 
-def commit(ck: Checkpointer, step: int, save: str) -> None:
-    """Rank 0 writes the step metadata once every rank's metadata names this save."""
-    d = layout.step_dir(ck.persistent_dir, step)
+def manifest(ck: Checkpointer, step: int, save: str) -> dict[str, Any]:
+    """The step metadata rank 0 writes last: the commit of one save."""
+    return {
+        "format": layout.FORMAT,
+        "step": step,
+        "world_size": ck.world_size,
+        "checksum": layout.CHECKSUM,
+        "run": ck.run.run,
+        "save": save,
+        "created": time.time(),
+    }
+
+
+def resume_doc(step: int) -> dict[str, Any]:
+    """``resume.json``: the step a (requeued) job resumed from (docs/auto-resume.md)."""
+    doc: dict[str, Any] = {
+        "step": int(step),
+        "at": datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    }
+    for key, var in (("restart_count", "SLURM_RESTART_COUNT"), ("job_id", "SLURM_JOB_ID")):
+        value = os.environ.get(var, "")
+        if _NUMBER.fullmatch(value):
+            doc[key] = int(value)
+    return doc
+
+
+def await_ranks(
+    ck: Checkpointer,
+    step: int,
+    save: str,
+    versions: Callable[[], dict[int, Hashable]],
+    read: Callable[[int], dict[str, Any]],
+    interval: float = 0.05,
+    max_interval: float = 0.05,
+    gone: Callable[[set[int]], set[int]] | None = None,
+) -> None:
+    """Block until every rank's metadata of ``step`` names this save, or raise after
+    ``commit_timeout`` naming the ranks missing (and those holding another save's file).
+
+    ``versions()`` lists the metadata present now, rank -> a token that changes when the
+    file is replaced; ``read(rank)`` reads one. Only new or replaced files are read.
+    ``gone(pending)``, if given, tells which of the pending ranks will never write this
+    step (they moved on to a newer one): waiting for them is given up at once.
+    """
     deadline = time.monotonic() + ck.commit_timeout
     pending = set(range(ck.world_size))
     other: set[int] = set()  # ranks whose file there is of another save
-    seen: dict[int, tuple[int, int]] = {}
+    seen: dict[int, Hashable] = {}
     while True:
-        for r in sorted(pending):
-            path = d / layout.meta_name(r)
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
+        for r, token in versions().items():
+            if r not in pending or (seen.get(r) == token and r not in other):
+                # Done, or read before and not replaced since. A file of another save is
+                # read again every time: a store whose listing has no ETag and coarse
+                # times could show its replacement with the same token.
                 continue
-            if seen.get(r) == (st.st_ino, st.st_mtime_ns):
-                continue  # read before and not replaced since
-            seen[r] = (st.st_ino, st.st_mtime_ns)
+            seen[r] = token
             try:
-                meta = layout.read_json(path)
+                meta = read(r)
             except CorruptShardError:
                 continue
             if meta.get("run") == ck.run.run and meta.get("save") == save:
@@ -116,7 +188,13 @@ def commit(ck: Checkpointer, step: int, save: str) -> None:
             else:
                 other.add(r)
         if not pending:
-            break
+            return
+        skipped = sorted(gone(pending)) if gone is not None else []
+        if skipped:
+            raise CheckpointError(
+                f"step {step}: ranks {skipped} moved on to a newer step without writing this "
+                "one: not committed"
+            )
         if time.monotonic() >= deadline:
             have = sorted(set(range(ck.world_size)) - pending)
             stale = f" (ranks {sorted(other)} hold files of another save)" if other else ""
@@ -124,16 +202,161 @@ def commit(ck: Checkpointer, step: int, save: str) -> None:
                 f"step {step}: only ranks {have} of {ck.world_size} reached the "
                 f"persistent tier within {ck.commit_timeout:g} s{stale}"
             )
-        time.sleep(0.05)
-    layout.write_json(
-        d / layout.STEP_META,
-        {
-            "format": layout.FORMAT,
-            "step": step,
-            "world_size": ck.world_size,
-            "checksum": layout.CHECKSUM,
-            "run": ck.run.run,
-            "save": save,
-            "created": time.time(),
-        },
-    )
+        time.sleep(interval)
+        interval = min(max_interval, interval * 1.5)
+
+
+@dataclass
+class TierView:
+    """What a persistent tier holds, read once per restore."""
+
+    committed: set[int]
+    source: restore.Source
+
+
+class PersistentTier:
+    """A tier every rank writes its shard to and rank 0 commits; see the module docstring."""
+
+    name: str = "persistent"  # in save handles, restores, logs and metrics
+    location: str = ""  # where, for messages
+    every: int = 1  # written on every ``every``-th save of the process
+    nice: int = _threads.DISK  # CPU priority of the writer
+    detach: bool = False  # the upload may run on after its save (Checkpointer._plan_uploads)
+
+    def write(self, ck: Checkpointer, job: SaveJob) -> None:
+        """Write this rank's shard of ``job.step``; rank 0 then commits it and applies
+        retention."""
+        raise NotImplementedError
+
+    def view(self, ck: Checkpointer) -> TierView:
+        """The committed steps and a source to read them (raises CheckpointStorageError if
+        the tier cannot be listed)."""
+        raise NotImplementedError
+
+    def note_resume(self, step: int) -> None:
+        """Record the step a job resumed from (best effort: never raises)."""
+
+    def close(self) -> None:
+        """Release connections."""
+
+
+class DirTier(PersistentTier):
+    """The persistent tier in a directory of a shared file system."""
+
+    def __init__(self, root: Path, every: int = 1, direct: bool = True):
+        self.root, self.every, self.location = root, every, str(root)
+        self.direct = direct  # O_DIRECT for a rank's file that is its staging buffer
+
+    def write(self, ck: Checkpointer, job: SaveJob) -> None:
+        lower_priority(self.nice)
+        d = layout.step_dir(self.root, job.step)
+        if ck.rank == 0:
+            (d / layout.STEP_META).unlink(missing_ok=True)
+        (d / layout.meta_name(ck.rank)).unlink(missing_ok=True)
+        where = place(ck, job.leaves)
+        if not (where.whole and self._write_direct(ck, job, d / layout.data_name(ck.rank))):
+            layout.atomic_write(d / layout.data_name(ck.rank), where.chunks(job, ck.overlap))
+        stored = where.entries(job.leaves, job.metas.result())
+        meta = ck.rank_meta(job.step, job.save, job.skeleton, stored, where.size)
+        layout.write_json(d / layout.meta_name(ck.rank), meta)
+        metrics.BYTES_WRITTEN.labels(self.name).inc(where.size)
+        if ck.rank == 0:
+            self._commit(ck, job.step, job.save)
+            job.times[self.name] = time.perf_counter() - job.times["start"]
+            layout.prune(self.root, ck.keep_persistent, committed=True)
+
+    def _write_direct(self, ck: Checkpointer, job: SaveJob, path: Path) -> bool:
+        """The staging buffer is the file: write it with O_DIRECT (fastio.py); False if
+        this tier cannot (then not tried again)."""
+        if not (self.direct and fastio.direct_capable(job.buf)):
+            return False
+        if not ck.overlap:
+            job.progress.wait(len(job.buf))
+        try:
+            layout.direct_write(path, job.buf, job.progress.wait if ck.overlap else None)
+        except fastio.DirectUnsupported as exc:
+            log.info("persistent tier %s: %s; writing through the page cache", self.root, exc)
+            self.direct = False
+            return False
+        return True
+
+    def _commit(self, ck: Checkpointer, step: int, save: str) -> None:
+        d = layout.step_dir(self.root, step)
+
+        def versions() -> dict[int, Hashable]:
+            out: dict[int, Hashable] = {}
+            for r in range(ck.world_size):
+                try:
+                    st = os.stat(d / layout.meta_name(r))
+                except FileNotFoundError:
+                    continue
+                out[r] = (st.st_ino, st.st_mtime_ns)
+            return out
+
+        await_ranks(ck, step, save, versions, lambda r: layout.read_json(d / layout.meta_name(r)))
+        layout.write_json(d / layout.STEP_META, manifest(ck, step, save))
+
+    def view(self, ck: Checkpointer) -> TierView:
+        committed = {s for s, i in layout.scan(self.root).items() if i.committed}
+        return TierView(committed, restore.DirSource(self.name, self.root, committed=True))
+
+    def note_resume(self, step: int) -> None:
+        path = self.root / RESUME_FILE
+        tmp = path.with_name(f".{RESUME_FILE}.{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(resume_doc(step)) + "\n")
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not record the resumed step in %s: %s", path, exc)
+
+
+def open_tiers(
+    persistent_dir: str | os.PathLike[str],
+    persistent_every: int,
+    s3: str | None,
+    s3_every: int,
+    s3_options: S3Options | None,
+    job_key: str | None,
+    rank: int,
+    wait: float,
+    direct_io: bool = True,
+) -> tuple[list[PersistentTier], identity.RunIdentity]:
+    """The persistent tier (a directory or an object store), the object store behind a
+    directory if any, and the run identity they hold (made on first use; with an object
+    store as the persistent tier, rank 0 makes it and the others wait up to ``wait``)."""
+    from hyperpod_agent.checkpoint.s3tier import S3Tier
+
+    tiers: list[PersistentTier] = []
+    try:
+        if is_s3_url(persistent_dir):
+            if s3 is not None:
+                raise CheckpointConfigError(
+                    f"s3={s3}: the object store tier goes behind a filesystem persistent "
+                    f"directory; the persistent tier is already {persistent_dir}"
+                )
+            store = S3Tier(str(persistent_dir), s3_options, every=persistent_every)
+            tiers.append(store)
+            # Rank 0 creates the identity; the others wait for it (as for a commit).
+            return tiers, store.load_identity(rank, job_key, wait)
+        path = perms.persistent_dir(Path(persistent_dir))
+        root = layout.ensure_dir(path, "persistent tier")
+        tiers.append(DirTier(root, persistent_every, direct_io))
+        adopt = None
+        if s3 is not None:
+            if not is_s3_url(s3):
+                raise CheckpointConfigError(f"s3={s3!r}: expected s3://bucket/prefix")
+            behind = S3Tier(
+                s3,
+                s3_options,
+                every=s3_every,
+                name="s3",
+                nice=_threads.NETWORK,
+                mirror_of=path / identity.RUN_FILE,
+            )
+            tiers.append(behind)
+            adopt = behind.adopt(job_key)
+        return tiers, identity.load_or_create(path, job_key, adopt)
+    except BaseException:
+        for tier in tiers:
+            tier.close()
+        raise

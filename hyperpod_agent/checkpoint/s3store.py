@@ -52,10 +52,12 @@ _READ_CHUNK = MiB  # urllib3 reads into a temporary of the size asked for, then 
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """One listed object: its name under the store's prefix and its size."""
+    """One listed object: its name under the store's prefix, its size, and what changes
+    when it is replaced (ETag and modification time, as the listing gives them)."""
 
     name: str
     size: int
+    version: tuple[str, str] = ("", "")
 
 
 class _Body(io.RawIOBase):
@@ -158,9 +160,19 @@ class S3Store:
 
     # ---- put ------------------------------------------------------------------------------
 
-    def put(self, name: str, data: Buffer | Sequence[Buffer]) -> int:
+    def put(
+        self,
+        name: str,
+        data: Buffer | Sequence[Buffer],
+        ready: Callable[[int], None] | None = None,
+    ) -> int:
         """Store ``data`` (one buffer, or several making one object) as ``name``; return its
-        size. The object appears whole or not at all."""
+        size. The object appears whole or not at all.
+
+        ``ready(end)``, if given, is called before the bytes up to ``end`` are sent and
+        returns once they hold their final values: a part is uploaded as soon as the
+        staging copy has filled it.
+        """
         if isinstance(data, list | tuple):
             segs = [_view(d) for d in data]
         else:
@@ -168,6 +180,8 @@ class S3Store:
         total = sum(len(s) for s in segs)
         key = self.location.key(name)
         if total <= self.options.multipart_threshold:
+            if ready is not None:
+                ready(total)
             body = segs[0] if len(segs) == 1 else memoryview(b"".join(segs))  # small: copied
             self._call(name, "put_object", Key=key, Body=_Body(body))
             return total
@@ -175,12 +189,14 @@ class S3Store:
         starts = list(range(0, total, part))
         upload = self._call(name, "create_multipart_upload", Key=key)["UploadId"]
         try:
-            etags = self._parallel(
-                lambda i: self._put_part(
-                    name, key, upload, i + 1, _slice(segs, starts[i], min(part, total - starts[i]))
-                ),
-                list(range(len(starts))),
-            )
+
+            def send(i: int) -> str:
+                n = min(part, total - starts[i])
+                if ready is not None:
+                    ready(starts[i] + n)
+                return self._put_part(name, key, upload, i + 1, _slice(segs, starts[i], n))
+
+            etags = self._parallel(send, list(range(len(starts))))
             parts = [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]
             self._call(
                 name,
@@ -198,6 +214,25 @@ class S3Store:
                 log.debug("%s: abort of upload %s failed: %s", self.location.uri(name), upload, exc)
             raise
         return total
+
+    def put_if_absent(self, name: str, body: bytes) -> bool:
+        """Create a small object unless one exists (``If-None-Match: *``); False if the
+        store says it exists. A store without conditional writes (rclone's, older MinIO
+        and Ceph) ignores the condition: there this is a plain put, and the caller must
+        not rely on it alone to settle a race."""
+        try:
+            self._client.put_object(
+                Bucket=self.location.bucket,
+                Key=self.location.key(name),
+                Body=body,
+                IfNoneMatch="*",
+            )
+        except self._errors as exc:
+            err = self._fail(exc, name)
+            if err.code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return False
+            raise err from exc
+        return True
 
     def _put_part(
         self, name: str, key: str, upload: str, number: int, body: Callable[[], Buffer]
@@ -290,11 +325,13 @@ class S3Store:
 
     # ---- list and delete ------------------------------------------------------------------
 
-    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object whose name starts with ``prefix``, in key order, page by page."""
-        for page in self._pages(prefix, None):
+    def list_objects(self, prefix: str = "", after: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose name starts with ``prefix`` (and, with ``after``, sorts after
+        that name), in key order, page by page."""
+        for page in self._pages(prefix, None, after):
             for o in page.get("Contents", []):
-                yield ObjectInfo(self.location.name(o["Key"]), int(o["Size"]))
+                version = (str(o.get("ETag", "")), str(o.get("LastModified", "")))
+                yield ObjectInfo(self.location.name(o["Key"]), int(o["Size"]), version)
 
     def list_dirs(self, prefix: str = "") -> list[str]:
         """The names of the "directories" right under ``prefix`` (ending in ``/``): e.g. the
@@ -306,13 +343,17 @@ class S3Store:
             ]
         return out
 
-    def _pages(self, prefix: str, delimiter: str | None) -> Iterator[dict[str, Any]]:
+    def _pages(
+        self, prefix: str, delimiter: str | None, after: str = ""
+    ) -> Iterator[dict[str, Any]]:
         kwargs: dict[str, Any] = {
             "Prefix": self.location.list_key(prefix),
             "MaxKeys": self.options.page_size,
         }
         if delimiter:
             kwargs["Delimiter"] = delimiter
+        if after:
+            kwargs["StartAfter"] = self.location.list_key(after)
         token = None
         for _ in range(1 << 24):  # a bound, far beyond any real listing
             page = self._call(

@@ -39,6 +39,7 @@ class Slot:
     step: int | None = None  # the step whose data file this is, once published
     error: str = ""  # why the memory tier could not be used (anonymous slots only)
     ident: tuple[int, int] = field(default=(0, 0))
+    pins: int = 0  # uploads still reading the buffer: it is not staged into again until 0
 
     @property
     def mapped(self) -> bool:
@@ -79,6 +80,7 @@ class StagingPool:
         self._slots: list[Slot] = []
         self._anon = Slot(np.empty(0, dtype=np.uint8))
         self._swept = False
+        self._pin_lock = threading.Lock()
 
     def _prefix(self) -> str:
         return f"{SPARE_PREFIX}{self.rank:05d}-"
@@ -104,6 +106,8 @@ class StagingPool:
             self._sweep()
             self._swept = True
         for slot in list(self._slots):
+            if slot.pins:
+                continue  # an upload still reads it (retired or not, wiped or not)
             if not slot.still_ours():
                 # Wiped from under us (or replaced): release the mapping, or the memory of
                 # the unlinked file stays held by this process.
@@ -127,7 +131,7 @@ class StagingPool:
         so the next save does not pay for allocating and populating fresh pages)."""
         if not self._swept:
             return
-        if any(slot.step is None for slot in self._slots):
+        if any(slot.step is None and not slot.pins for slot in self._slots):
             return  # a spare of another size is resized at the next save (its pages stay)
         created = self._create(size, quiet=True)
         if created is not None:
@@ -180,6 +184,16 @@ class StagingPool:
         assert slot.path is not None
         os.replace(slot.path, dest)
         slot.path, slot.step = dest, step
+
+    def pin(self, slot: Slot) -> None:
+        """An upload reads the slot after its save is done: keep it out of staging."""
+        with self._pin_lock:
+            slot.pins += 1
+
+    def unpin(self, slot: Slot) -> None:
+        """The upload is done with the slot."""
+        with self._pin_lock:
+            slot.pins -= 1
 
     def forget(self, slot: Slot) -> None:
         """A slot whose publish failed goes back to being a spare (or is dropped)."""

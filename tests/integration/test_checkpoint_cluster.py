@@ -148,3 +148,130 @@ def test_two_node_job_restores_from_peer_then_persistent(
         assert all(r["step"] == 3 and r["exact"] for r in got)
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# ---- the job key (SPANK plugin + library): a job id handed out again ----------------------
+
+KEYED = textwrap.dedent(
+    """
+    import os, sys
+    import numpy as np
+    from hyperpod_agent.checkpoint import Checkpointer, CheckpointError
+
+    try:
+        ckpt = Checkpointer.from_env()
+    except CheckpointError as exc:
+        print("REFUSED " + str(exc), flush=True)
+        sys.exit(3)
+    got = ckpt.load_latest()
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    print(f"RESUMED {got[0] if got else None} restart={restart}", flush=True)
+    ckpt.save(10 + restart, {"w": np.full(4, float(restart))}).wait()
+    ckpt.close()
+    """
+)
+
+
+def _keyed_job(cluster: Any, base: Path, *sbatch: str, wait_for_requeue: bool = False) -> str:
+    """Submit a job whose task restores, reports and saves in <checkpoint_root>/<jobid>
+    (the plugin's directory, with the job's key)."""
+    (base / "keyed.py").write_text(KEYED)
+    script = base / "keyed.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"export HYPERPOD_CHECKPOINT_MEMORY_DIR={base / 'shm'}\n"
+        f"export PYTHONPATH={Path(__file__).parents[2]}\n"
+        f"srun -N1 {sys.executable} {base / 'keyed.py'} || exit $?\n"
+        + ('[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || sleep 120\n' if wait_for_requeue else "")
+    )
+    res = subprocess.run(
+        ["sbatch", "--parsable", "--auto-resume=1", "-N1", "-t", "5", "--open-mode=append"]
+        + ["-o", str(base / "out"), *sbatch, str(script)],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return res.stdout.strip().split(";")[0]
+
+
+def _job_state(cluster: Any, job: str) -> str:
+    show = subprocess.run(
+        ["scontrol", "show", "job", job],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+    return show.split("JobState=")[1].split()[0] if "JobState=" in show else "GONE"
+
+
+def _until(what: str, cond: Any, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        time.sleep(0.5)
+
+
+_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "GONE")
+
+
+def test_a_reused_job_id_does_not_restore_its_predecessors_checkpoints(
+    local_cluster: Any, tmp_path: Path
+) -> None:
+    import numpy as np
+
+    from hyperpod_agent.checkpoint import Checkpointer
+
+    base = Path("/var/tmp/hp-ckpt") / tmp_path.name
+    base.mkdir(parents=True, exist_ok=True)
+    job = _keyed_job(local_cluster, base, "--hold")  # held: its id is known before it runs
+    old = Path(local_cluster.dir) / "checkpoints" / job
+    try:
+        # The job that had this id before Slurm's state was reset left its checkpoints here
+        # (made under its own key), and its memory tier.
+        prev = Checkpointer(old, memory_dir=base / "shm", job_key="0" * 32)
+        prev.save(5, {"w": np.zeros(4)}).wait()
+        prev.close()
+        before = {
+            p: p.read_bytes() for p in (*old.rglob("*"), *(base / "shm").rglob("*")) if p.is_file()
+        }
+        subprocess.run(["scontrol", "release", job], env=local_cluster.env, check=True, timeout=30)
+        _until("the job ends", lambda: _job_state(local_cluster, job) in _ENDED)
+        assert _job_state(local_cluster, job) == "FAILED"
+        text = (base / "out").read_text()
+        assert (
+            f"REFUSED {old}/run.json: these checkpoints belong to another job (job key "
+            f"{'0' * 32}), not to this one (job key " in text
+        ), text
+        assert "RESUMED" not in text
+        after = {
+            p: p.read_bytes() for p in (*old.rglob("*"), *(base / "shm").rglob("*")) if p.is_file()
+        }
+        assert after == before, "nothing overwritten"
+    finally:
+        subprocess.run(["scancel", job], env=local_cluster.env, capture_output=True, timeout=30)
+        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_requeued_job_restores_with_its_own_job_key(local_cluster: Any, tmp_path: Path) -> None:
+    base = Path("/var/tmp/hp-ckpt") / tmp_path.name
+    base.mkdir(parents=True, exist_ok=True)
+    job = _keyed_job(local_cluster, base, "--requeue", wait_for_requeue=True)
+    old = Path(local_cluster.dir) / "checkpoints" / job
+    out = base / "out"
+    try:
+        _until("the first run saves", lambda: out.exists() and "restart=0" in out.read_text())
+        _until("step 10 is durable", lambda: (old / "step-0000000010" / "step.json").exists())
+        subprocess.run(["scontrol", "requeue", job], env=local_cluster.env, check=True, timeout=30)
+        _until("the requeued run ends", lambda: "restart=1" in out.read_text())
+        _until("the job ends", lambda: _job_state(local_cluster, job) in _ENDED)
+        lines = [x for x in out.read_text().splitlines() if x.startswith(("RESUMED", "REFUSED"))]
+        assert lines == ["RESUMED None restart=0", "RESUMED 10 restart=1"], out.read_text()
+        assert _job_state(local_cluster, job) == "COMPLETED"
+    finally:
+        subprocess.run(["scancel", job], env=local_cluster.env, capture_output=True, timeout=30)
+        shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)

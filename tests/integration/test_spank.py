@@ -191,6 +191,93 @@ def test_checkpoint_dir_set_by_the_job_wins(jobs: Jobs) -> None:
     assert jobs.output(job).strip() == "/data/mine"
 
 
+# --- the job key: a reused job id never finds the old job's checkpoints --------------
+
+KEY_LINE = "srun sh -c 'echo \"key=${SLURM_SPANK_HYPERPOD_JOB_KEY-unset} bound=${HYPERPOD_CHECKPOINT_JOB_KEY-unset}\"'"  # noqa: E501
+KEY_RE = re.compile(r"key=([0-9a-f]{32}) bound=(\S+)")
+
+
+@pytest.mark.slurm
+def test_every_job_gets_its_own_key_bound_to_its_checkpoint_dir(jobs: Jobs) -> None:
+    keys = []
+    for _ in range(2):
+        job = jobs.sbatch("--auto-resume=1", script=KEY_LINE)
+        m = KEY_RE.fullmatch(jobs.output(job).strip())
+        assert m, jobs.output(job)
+        assert m.group(2) == m.group(1), "the key comes with <checkpoint_root>/<jobid>"
+        keys.append(m.group(1))
+    assert keys[0] != keys[1]
+
+
+@pytest.mark.slurm
+def test_a_job_without_the_flag_gets_a_key_for_sruns_with_it(jobs: Jobs) -> None:
+    # HyperPod's idiom: the flag on the srun inside the script. The key was made at
+    # submission, so every run of the script (a requeue) sees the same one.
+    job = jobs.sbatch(
+        script="srun --auto-resume=1 sh -c 'echo \"key=$SLURM_SPANK_HYPERPOD_JOB_KEY "
+        "bound=$HYPERPOD_CHECKPOINT_JOB_KEY\"'"
+    )
+    m = KEY_RE.fullmatch(jobs.output(job).strip())
+    assert m and m.group(2) == m.group(1), jobs.output(job)
+
+
+@pytest.mark.slurm
+def test_a_directory_the_job_chose_gets_no_job_key(jobs: Jobs) -> None:
+    # A chain of jobs sharing one directory must not be refused its own checkpoints.
+    job = jobs.sbatch(
+        "--auto-resume=1", "--export=ALL,HYPERPOD_CHECKPOINT_DIR=/data/mine", script=KEY_LINE
+    )
+    m = KEY_RE.fullmatch(jobs.output(job).strip())
+    assert m and m.group(2) == "unset", jobs.output(job)
+
+
+@pytest.mark.slurm
+def test_srun_only_job_tasks_get_the_key(jobs: Jobs) -> None:
+    res = run(
+        [
+            "srun",
+            "--auto-resume=1",
+            "-N1",
+            "sh",
+            "-c",
+            'echo "$SLURM_JOB_ID key=$SLURM_SPANK_HYPERPOD_JOB_KEY '
+            'bound=$HYPERPOD_CHECKPOINT_JOB_KEY"',
+        ],
+        jobs.env,
+    )
+    assert res.returncode == 0, res.stderr
+    job, line = res.stdout.strip().split(" ", 1)
+    jobs.ids.append(job)
+    m = KEY_RE.fullmatch(line)
+    assert m and m.group(2) == m.group(1), res.stdout
+
+
+@pytest.mark.slurm
+def test_the_job_key_survives_a_requeue(jobs: Jobs) -> None:
+    job = jobs.sbatch(
+        "--auto-resume=1",
+        "--requeue",
+        "--open-mode=append",
+        script=(
+            "srun sh -c 'echo \"restart=${SLURM_RESTART_COUNT:-0} "
+            "key=$SLURM_SPANK_HYPERPOD_JOB_KEY bound=$HYPERPOD_CHECKPOINT_JOB_KEY\"'; "
+            '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || sleep 120'
+        ),
+    )
+    out = jobs.dir / "out" / f"{job}.out"
+    deadline = time.monotonic() + TIMEOUT
+    while not (out.exists() and "restart=0" in out.read_text()):
+        assert time.monotonic() < deadline, "the first run did not start"
+        time.sleep(0.2)
+    res = run(["scontrol", "requeue", job], jobs.env)
+    assert res.returncode == 0, res.stderr
+    assert jobs.wait_done(job, timeout=120) == "COMPLETED", jobs.show(job)
+    lines = out.read_text().split("\n")
+    runs = [re.fullmatch(r"restart=(\d+) key=([0-9a-f]{32}) bound=(\S+)", x) for x in lines if x]
+    assert [m.group(1) for m in runs if m] == ["0", "1"], lines
+    assert len({(m.group(2), m.group(3)) for m in runs if m}) == 1, "one key for every run"
+
+
 @pytest.mark.slurm
 def test_job_without_flag_has_no_trace(jobs: Jobs) -> None:
     job = jobs.sbatch(script="srun env")
@@ -255,7 +342,19 @@ def _conf_with_plugstack(cluster: Any, tmp_path: Path, args: str) -> dict[str, s
         ("bogus=1", "'bogus=1': unknown key"),
         ("statedir", "'statedir': want statedir=VALUE"),
         ("statedir=relative/dir", "'statedir=relative/dir': want an absolute path"),
-        ("checkpoint_root=", "'checkpoint_root=': want an absolute path"),
+        ("checkpoint_root=", "'checkpoint_root=': want an absolute path or s3://bucket[/prefix]"),
+        (
+            "checkpoint_root=s3://Bad/x",
+            "'checkpoint_root=s3://Bad/x': want an absolute path or s3://bucket[/prefix]",
+        ),
+        (
+            "checkpoint_root=s3://ckpt/../x",
+            "'checkpoint_root=s3://ckpt/../x': want an absolute path or s3://bucket[/prefix]",
+        ),
+        (
+            "checkpoint_root=s3://ckpt/",
+            "'checkpoint_root=s3://ckpt/': want an absolute path or s3://bucket[/prefix]",
+        ),
         ("max=abc", "'max=abc': want an integer 0..1000000"),
         ("max=-1", "'max=-1': want an integer 0..1000000"),
         ("default=x", "'default=x': want an integer 0..1000000"),
@@ -272,6 +371,18 @@ def test_bad_plugstack_argument_stops_the_plugin(
     ours = plugin_errors(res.stderr)
     assert len(ours) == 1, res.stderr
     assert f"auto-resume: allocator: couldn't parse plugstack argument {why}" in ours[0]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("root", ["s3://ckpt", "s3://ckpt/jobs/team-a"])
+def test_an_object_store_checkpoint_root_is_accepted(
+    local_cluster: Any, tmp_path: Path, root: str
+) -> None:
+    env = _conf_with_plugstack(local_cluster, tmp_path, f"checkpoint_root={root}")
+    res = run(["sbatch", "--parsable", "--auto-resume=1", "--wrap", "true"], env)
+    assert res.returncode == 0, res.stderr
+    assert plugin_errors(res.stderr) == []
+    run(["scancel", res.stdout.strip().split(";")[0]], env)
 
 
 @pytest.mark.slurm

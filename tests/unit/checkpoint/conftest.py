@@ -32,11 +32,12 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def tmpfs(mnt: Path, size: str = "1m") -> Iterator[Path]:
-    """A real tmpfs of ``size`` (mode 0700, as a job's directory) mounted at ``mnt``."""
+def tmpfs(mnt: Path, size: str = "1m", fstype: str = "tmpfs") -> Iterator[Path]:
+    """A real tmpfs of ``size`` (mode 0700, as a job's directory) mounted at ``mnt``
+    (``fstype="ramfs"``: a memory file system without O_DIRECT, and without a size limit)."""
     mnt.mkdir()
     subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "hp-ckpt-test", str(mnt)],
+        ["mount", "-t", fstype, "-o", f"size={size},mode=0700", "hp-ckpt-test", str(mnt)],
         check=True,
         timeout=30,
     )

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -111,38 +107,17 @@ def test_missing_step_metadata_means_incomplete(
 
 def test_kill_9_mid_save_never_yields_a_torn_step(tiers: dict[str, Path]) -> None:
     rnd = random.Random(1234)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[3]))
     first = 0
     last_durable = -1
     for _ in range(4):
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.unit.checkpoint._saver",
-                str(tiers["persistent"]),
-                str(tiers["mem1"]),
-                str(first),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=Path(__file__).parents[3],
+        # One durable step, then kill at a random instant.
+        durable = _saver.run_and_kill(
+            tiers["persistent"],
+            tiers["mem1"],
+            first,
+            lambda: time.sleep(rnd.uniform(0.0, 0.15)),
         )
-        try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()  # one durable step, then kill at a random instant
-            assert line.startswith("durable"), line
-            last_durable = max(last_durable, int(line.split()[1]))
-            time.sleep(rnd.uniform(0.0, 0.15))
-            proc.send_signal(signal.SIGKILL)
-            out, _ = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
-        for line in out.splitlines():
-            last_durable = max(last_durable, int(line.split()[1]))
+        last_durable = max(last_durable, *durable)
         first = last_durable + 1
         reader = Checkpointer(tiers["persistent"], memory_dir=tiers["mem1"])
         memory = reader.memory_dir
