@@ -416,23 +416,30 @@ static int ar_valid_key(const char *key)
 
 /*
  * Allocator and local context: give a new job its key.  sbatch and salloc
- * always make a new job; srun makes one only outside an existing job, whose
- * key it inherits (Slurm loads SLURM_SPANK_* of its environment into the
- * job-control env).  sbatch and salloc pass the job-control env to the job
- * as SLURM_SPANK_*; srun does not, so the key goes into its own environment,
- * which its tasks inherit.
+ * always make a new job; srun makes one only outside an existing job.  Inside
+ * one (a batch script, an salloc shell) srun keeps the job's key, which the
+ * job's environment carries as SLURM_SPANK_*, and a job that has none (made
+ * before checkpoint_root was set) gets none.  srun's own job-control lookup
+ * cannot be relied on for this (22.05's srun does not export it to plugins),
+ * so the environment decides.  sbatch and salloc pass the job-control env to
+ * the job as SLURM_SPANK_*; srun does not, so the key goes into its own
+ * environment, which its tasks inherit.
  */
 static int ar_job_key(spank_t sp)
 {
 	unsigned char raw[AR_KEY_BYTES];
 	char key[2 * AR_KEY_BYTES + 1];
+	const char *inherited;
 	spank_err_t err;
 	size_t i;
 
-	if (spank_context() == S_CTX_LOCAL &&
-	    spank_job_control_getenv(sp, AR_KEY_ENV, key, sizeof(key))
-	    == ESPANK_SUCCESS && ar_valid_key(key))
-		return 0;
+	if (spank_context() == S_CTX_LOCAL) {
+		inherited = getenv(AR_KEY_JOB_ENV);
+		if (inherited && ar_valid_key(inherited))
+			return 0;
+		if (getenv("SLURM_JOB_ID"))
+			return 0;	/* inside a job made without a key */
+	}
 	if (getrandom(raw, sizeof(raw), 0) != (ssize_t) sizeof(raw)) {
 		ar_error("make job key: getrandom: %s", strerror(errno));
 		return -1;
