@@ -105,7 +105,12 @@ class ProviderConfig(BaseModel):
 
     kind: Literal["spare_pool", "command", "local"] = "spare_pool"
     command: list[str] = Field(default_factory=list, description="argv; node name appended")
-    command_timeout_s: float = Field(default=300.0, gt=0)
+    command_timeout_s: float = Field(
+        default=100.0,
+        gt=0,
+        description="below the unit's WatchdogSec (120): the command starts a replacement; "
+        "replace_timeout_s bounds the wait for the node",
+    )
     local_dir: Path | None = None
 
     @model_validator(mode="after")

@@ -89,15 +89,18 @@ def test_a_command_over_its_time_is_killed(tmp_path: Path) -> None:
         ("command", 60.0, "120000000", False),
         ("spare_pool", 300.0, "120000000", False),
         ("command", 300.0, "", False),  # not under a watchdog
+        ("command", None, "120000000", False),  # the default fits the shipped unit
         ("command", 300.0, "x", False),
     ],
 )
 def test_a_command_timeout_at_or_above_the_watchdog_is_refused(
-    kind: str, timeout: float, watchdog: str, refused: bool
+    kind: str, timeout: float | None, watchdog: str, refused: bool
 ) -> None:
-    provider = {"kind": kind, "command_timeout_s": timeout}
+    provider: dict[str, object] = {"kind": kind}
+    if timeout is not None:
+        provider["command_timeout_s"] = timeout
     if kind == "command":
-        provider["command"] = ["/bin/true"]  # type: ignore[assignment]
+        provider["command"] = ["/bin/true"]
     cfg = config(provider=provider)
     if refused:
         with pytest.raises(ConfigError, match="must be below the service's WatchdogSec"):
