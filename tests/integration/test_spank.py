@@ -13,6 +13,7 @@ import shutil
 import stat
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,9 +42,13 @@ class Jobs:
             k: v for k, v in cluster.env.items() if not k.startswith("HYPERPOD_")
         }
         self.ids: list[str] = []
+        # A directory of this test's own: job ids start again with every new cluster,
+        # and an output file left by an earlier one must never pass for this job's.
+        self.out = self.dir / "out" / uuid.uuid4().hex
+        self.out.mkdir(parents=True)
 
     def sbatch(self, *args: str, script: str) -> str:
-        out = self.dir / "out" / "%j.out"
+        out = self.out / "%j.out"
         res = run(
             ["sbatch", "--parsable", "-N1", "-o", str(out), *args, "--wrap", script], self.env
         )
@@ -63,7 +68,7 @@ class Jobs:
 
     def output(self, job: str) -> str:
         assert self.wait_done(job) == "COMPLETED", self.show(job)
-        return (self.dir / "out" / f"{job}.out").read_text()
+        return (self.out / f"{job}.out").read_text()
 
     def show(self, job: str) -> str:
         res = run(["scontrol", "show", "job", "-o", job], self.env)
@@ -264,7 +269,7 @@ def test_the_job_key_survives_a_requeue(jobs: Jobs) -> None:
             '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] || sleep 120'
         ),
     )
-    out = jobs.dir / "out" / f"{job}.out"
+    out = jobs.out / f"{job}.out"
     deadline = time.monotonic() + TIMEOUT
     while not (out.exists() and "restart=0" in out.read_text()):
         assert time.monotonic() < deadline, "the first run did not start"
