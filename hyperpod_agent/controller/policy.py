@@ -311,7 +311,9 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
     """Plan this pass's actions from the snapshot. Pure."""
     ctx = _Ctx(snap, config, now)
     planned, events = _plan_nodes(ctx)
-    planned, shared = safety.shared_causes(planned, snap.open_faults, config.policy, now)
+    planned, shared = safety.shared_causes(
+        planned, snap.open_faults, snap.burst_peers, config.policy, now
+    )
     limits = safety.limit_take_outs(snap, config.policy, planned)
     planned = limits.allowed
     urgent_nodes = {a.node for a in planned if a.urgent and a.node} | {

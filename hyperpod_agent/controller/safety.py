@@ -8,7 +8,8 @@ Two rules stand between the node rules and Slurm (DESIGN §7):
   non-urgent fault waits that window before its take-out, so the burst is seen before
   the first node leaves; an urgent one is acted on at once while no other node shows
   the same code, and waits like the others once one does: at most one node leaves for
-  a shared cause before it is plain.
+  a shared cause before it is plain. A burst stays one when some of its nodes come
+  back clean (the one acted on at once, rebooted): their closed faults still count.
 - **Blast radius**, per partition: nodes unavailable (drained by anyone, down, not
   responding) plus new take-outs may not exceed ``max_unhealthy_fraction`` of the
   partition. A partition over its limit takes out nothing new in this pass (incident
@@ -50,6 +51,7 @@ def _burst(fault: FaultRow, faults: Iterable[FaultRow], window: float) -> set[st
 def shared_causes(
     planned: Sequence[PlannedAction],
     open_faults: Sequence[FaultRow],
+    closed_peers: Sequence[FaultRow],
     policy: PolicyConfig,
     now: float,
 ) -> tuple[list[PlannedAction], list[PlannedEvent]]:
@@ -58,6 +60,7 @@ def shared_causes(
     if window <= 0:
         return list(planned), []  # switched off
     by_id = {f.id: f for f in open_faults}
+    burst_of = [*open_faults, *closed_peers]
     kept: list[PlannedAction] = []
     shared: dict[str, set[str]] = defaultdict(set)
     for action in planned:
@@ -67,7 +70,7 @@ def shared_causes(
         if fault is None or not action.takes_out or action.admin:
             kept.append(action)
             continue
-        burst = _burst(fault, open_faults, window)
+        burst = _burst(fault, burst_of, window)
         if len(burst) >= policy.shared_cause_min_nodes:
             shared[fault.code] |= burst
         elif (action.urgent and len(burst) == 1) or now - fault.first_seen >= window:

@@ -122,6 +122,7 @@ class Controller(Ingest):
             health=health,
             open_faults=self.store.open_faults(),
             history=self.store.faults_since(now - longest),
+            burst_peers=self.store.burst_peers(policy.shared_cause_window_s),
             in_flight=open_rows,
             done=done,
             tracked=self.store.jobs(),

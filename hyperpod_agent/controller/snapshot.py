@@ -48,6 +48,9 @@ class Snapshot:
     health: Mapping[str, NodeHealth] = field(default_factory=dict)
     open_faults: Sequence[FaultRow] = ()
     history: Sequence[FaultRow] = ()  # faults first seen within the longest window
+    # Closed faults that share a code and the shared-cause window with an open one: a
+    # burst stays a burst after the node acted on first came back clean.
+    burst_peers: Sequence[FaultRow] = ()
     in_flight: Sequence[ActionRow] = ()  # actions in state intent/applied
     done: Sequence[ActionRow] = ()  # completed actions within the escalation window
     tracked: Mapping[int, TrackedJob] = field(default_factory=dict)

@@ -142,6 +142,21 @@ class Store(ActionLog):
         )
         return [FaultRow.from_row(r) for r in rows]
 
+    def burst_peers(self, window: float) -> list[FaultRow]:
+        """Closed faults whose code an open fault shows, first seen within ``window``
+        of it: the rest of a burst once some of its nodes recovered."""
+        # Driven from the open faults (few, indexed; CROSS JOIN fixes the order) through
+        # the first_seen index: the cost follows the open faults, not the history.
+        cols = ", ".join(f"f.{c.strip()}" for c in FaultRow.COLUMNS.split(","))
+        rows = self._query(
+            f"SELECT DISTINCT {cols} FROM faults o CROSS JOIN faults f INDEXED BY faults_seen "
+            "ON f.first_seen BETWEEN o.first_seen - ? AND o.first_seen + ? "
+            "AND f.code = o.code AND f.closed_at IS NOT NULL "
+            "WHERE o.closed_at IS NULL ORDER BY f.id",
+            (window, window),
+        )
+        return [FaultRow.from_row(r) for r in rows]
+
     def faults_since(self, since: float) -> list[FaultRow]:
         """Faults first seen at or after ``since`` (open or closed): the history."""
         rows = self._query(

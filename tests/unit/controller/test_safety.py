@@ -20,6 +20,7 @@ def decide_on(
     nodes: dict[str, Node],
     faults: list[FaultRow],
     replaced: frozenset[str] = frozenset(),
+    closed: tuple[FaultRow, ...] = (),
     **policy: object,
 ) -> Decision:
     health = {n: healthy() for n in nodes}
@@ -28,7 +29,8 @@ def decide_on(
         nodes=nodes,
         health=health,
         open_faults=faults,
-        history=faults,
+        history=[*faults, *closed],
+        burst_peers=closed,
         started_at=NOW - 3600,
         replaced=replaced,
     )
@@ -100,6 +102,29 @@ def test_nodes_already_out_for_the_cause_count_toward_the_burst() -> None:
     nodes["n1"] = node("n1", flags=DRAINED, reason="hyperpod:reboot /shared fs_hung x")
     faults = [fault(f"n{i}", code="fs_hung", first_seen=NOW - 40 + i) for i in (1, 2, 3)]
     assert taken_out(decide_on(nodes, faults)) == []
+
+
+def test_a_shared_cause_outlives_the_fault_that_cleared_on_its_first_node() -> None:
+    # The first node was rebooted at once (alone, urgent) and came back clean before the
+    # burst was plain; the others still show the fault. The cause is still shared: the
+    # cleared fault counts, and the others are not taken out once the window has passed.
+    nodes = part("n", 40)
+    first = fault("n1", code="xid79", urgent=True, first_seen=NOW - 50, closed_at=NOW - 20)
+    rest = [fault(f"n{i}", code="xid79", urgent=True, first_seen=NOW - 49) for i in (2, 3)]
+    decision = decide_on(nodes, rest, closed=(first,))
+    assert taken_out(decision) == []
+    [event] = [e for e in decision.events if e.kind == "shared_cause"]
+    assert event.message.startswith("shared cause: xid79 on 3 nodes within 30 s (n1, n2, n3)")
+
+
+def test_a_cleared_fault_far_from_the_open_ones_is_not_a_peer() -> None:
+    nodes = part("n", 40)
+    old = fault("n1", code="xid79", urgent=True, first_seen=NOW - 500, closed_at=NOW - 400)
+    rest = [fault(f"n{i}", code="xid79", urgent=True, first_seen=NOW - 49) for i in (2, 3)]
+    assert taken_out(decide_on(nodes, rest, closed=(old,), max_unhealthy_fraction=0.5)) == [
+        "n2",
+        "n3",
+    ]
 
 
 # -- blast radius per partition -------------------------------------------------------

@@ -83,6 +83,17 @@ def test_the_same_fault_again_is_a_new_occurrence(store: Store) -> None:
     assert len(opened) == 1 and len(store.faults_since(0)) == 2
 
 
+def test_burst_peers_are_closed_faults_near_an_open_one_of_the_same_code(
+    store: Store,
+) -> None:
+    store.record_report("node1", "a", 1, 100.0, "faulty", "{}", [F0, F1], 100.0)
+    store.record_report("node1", "a", 2, 105.0, "healthy", "{}", [], 105.0)  # both clear
+    store.record_report("node2", "b", 1, 102.0, "faulty", "{}", [F0], 102.0)
+    store.record_report("node3", "c", 1, 500.0, "faulty", "{}", [F1], 500.0)  # far apart
+    assert [(f.node, f.code) for f in store.burst_peers(3.0)] == [("node1", "xid79")]
+    assert store.burst_peers(1.0) == []
+
+
 def test_heartbeats_never_move_backwards(store: Store) -> None:
     store.record_heartbeats({"node1": ("a", 5, 200.0)})
     store.record_heartbeats({"node1": ("a", 6, 150.0)})
