@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from datetime import datetime
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -121,6 +122,43 @@ MAX_JOB_ID = 2**32 - 1  # Slurm job ids are 32-bit
 MAX_ATTEMPTS = 100_000  # what an --auto-resume marker may say; the controller caps lower
 
 
+def _seconds() -> Any:
+    """A step duration: optional, bounded."""
+    return Field(default=None, ge=0.0, le=1e7)
+
+
+class RankProgress(BaseModel):
+    """One training rank's progress on this node, summarised by the agent."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rank: int = Field(ge=0, le=10_000_000)
+    pid: int = Field(ge=0, le=2**31)
+    step: int = Field(ge=-1, le=2**62, description="the last finished step; -1 none yet")
+    step_at: float | None = Field(default=None, ge=0, description="epoch s, node clock")
+    paused: bool = False
+    pause_reason: str = Field(default="", max_length=56)
+    pause_since: float | None = Field(default=None, ge=0)
+    window: int = Field(default=0, ge=0, le=1024, description="step durations summarised")
+    median_s: float | None = _seconds()
+    p95_s: float | None = _seconds()
+    last_s: float | None = _seconds()
+    proc_state: str = Field(
+        default="", max_length=8, description="the process's state letter; 'gone' if it exited"
+    )
+
+
+class JobProgress(BaseModel):
+    """The progress of one job's ranks on this node."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job_id: int = Field(gt=0, le=MAX_JOB_ID)
+    hang_factor: float | None = Field(default=None, gt=0.0, le=1000.0)
+    hang_min_s: float | None = Field(default=None, gt=0.0, le=1e7)
+    ranks: list[RankProgress] = Field(default_factory=list, max_length=256)
+
+
 class NodeReport(BaseModel):
     """What an agent tells the controller, and what it caches for health-check.
 
@@ -148,6 +186,11 @@ class NodeReport(BaseModel):
         default_factory=dict,
         max_length=1024,
         description="job id -> --auto-resume cap seen on this node (srun markers)",
+    )
+    progress: list[JobProgress] = Field(
+        default_factory=list,
+        max_length=64,
+        description="training progress of the jobs on this node (progress records)",
     )
 
     @field_validator("jobs_opted_in")
