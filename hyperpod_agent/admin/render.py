@@ -202,9 +202,35 @@ def node_detail(n: dict[str, Any], now: datetime) -> str:
     ]
     if n.get("faults"):
         parts.append("Faults:\n" + faults_table(n["faults"]))
+    if n.get("findings"):
+        parts.append("Hangs and stragglers:\n" + findings_table(n["findings"]))
     if n.get("actions"):
         parts.append("Actions:\n" + actions_table(n["actions"]))
     return "\n\n".join(parts)
+
+
+def findings_table(findings: Sequence[dict[str, Any]]) -> str:
+    return table(
+        findings,
+        [
+            ("AT", lambda f: timestamp(f.get("at"))),
+            ("KIND", lambda f: f.get("kind")),
+            ("JOB", lambda f: f.get("job_id")),
+            ("NODE", lambda f: f.get("node") or "-"),
+            ("DETAIL", lambda f: f.get("detail")),
+        ],
+    )
+
+
+def _findings_short(j: dict[str, Any]) -> str:
+    """``hang@50 straggler:node2``: what the controller found, newest first."""
+    out = []
+    for f in j.get("findings") or []:
+        if f.get("kind") == "hang":
+            out.append(f"hang@{f.get('step')}")
+        else:
+            out.append(f"{f.get('kind')}:{f.get('node')}")
+    return " ".join(out) or "-"
 
 
 def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
@@ -219,6 +245,7 @@ def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
             ("RESUMES", lambda j: f"{j.get('attempts', 0)}/{j.get('cap', '-')}"),
             ("TRACKING", lambda j: j.get("tracking")),
             ("FROM STEP", lambda j: j.get("resumed_from_step")),
+            ("FOUND", _findings_short),
             ("LAST CAUSE", lambda j: j.get("last_cause")),
         ],
     )
@@ -241,6 +268,8 @@ def job_detail(j: dict[str, Any]) -> str:
             ]
         )
     ]
+    if j.get("findings"):
+        parts.append("Hangs and stragglers:\n" + findings_table(j["findings"]))
     if j.get("events"):
         parts.append("Events:\n" + events_table(j["events"]))
     if j.get("actions"):

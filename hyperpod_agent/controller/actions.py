@@ -26,7 +26,7 @@ from hyperpod_agent.controller.providers.base import (
 )
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
 from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_rows import ActionRow, EventIn, TrackedJob
+from hyperpod_agent.controller.store_rows import ActionRow, EventIn, FindingRow, TrackedJob
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.models import Job, Node
 
@@ -80,6 +80,9 @@ class Executor:
         for pa in decision.actions:
             if pa.kind in (Kind.EXHAUST, Kind.NOT_RETRIED):
                 self._job_verdict(pa, now)
+                continue
+            if pa.kind is Kind.FINDING:
+                self._finding(pa, now)
                 continue
             if self._cooling(pa, now):
                 continue
@@ -145,6 +148,26 @@ class Executor:
         )
         log.info("%s", message)
 
+    def _finding(self, pa: PlannedAction, now: float) -> None:
+        """Declare a hang or straggler once: the row and its event in one transaction."""
+        p = pa.params
+        finding = FindingRow(
+            0,
+            str(p["kind"]),
+            int(p["job_id"]),
+            int(p["restart_count"]),
+            str(p.get("node", "")),
+            int(p.get("step", -1)),
+            pa.cause,
+            now,
+        )
+        event = EventIn(finding.kind, pa.cause, pa.node, finding.job_id, pa.cause)
+        if self.store.add_finding(finding, event):
+            metrics.FINDINGS.labels(finding.kind).inc()
+            if isinstance(idle := p.get("idle_s"), int | float):
+                metrics.HANG_IDLE.observe(float(idle))
+            log.warning("%s", pa.cause)
+
     # -- open intents ---------------------------------------------------------------
     def process_open(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
         """Finish what earlier passes (or a crashed process) left open.
@@ -202,6 +225,9 @@ class Executor:
             elif row.kind == Kind.REQUEUE.value:
                 assert row.job_id is not None
                 self.slurm.requeue(row.job_id)
+            elif row.kind == Kind.CANCEL.value:
+                assert row.job_id is not None
+                self.slurm.cancel(row.job_id)
             elif row.kind == Kind.REPLACE.value:
                 self._replace(row, now)
                 return

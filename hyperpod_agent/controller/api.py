@@ -33,6 +33,7 @@ from hyperpod_agent.controller.api_models import (
     ErrorOut,
     EventOut,
     FaultOut,
+    FindingOut,
     HeartbeatIn,
     JobDetail,
     JobEndedIn,
@@ -52,6 +53,7 @@ from hyperpod_agent.controller.store_rows import (
     ActionRow,
     EventRow,
     FaultRow,
+    FindingRow,
     NodeRow,
     TrackedJob,
 )
@@ -93,6 +95,18 @@ def _fault(f: FaultRow) -> FaultOut:
         count=f.count,
         message=f.message,
         closed_at=_ts(f.closed_at),
+    )
+
+
+def _finding(f: FindingRow) -> FindingOut:
+    return FindingOut(
+        kind=f.kind,
+        job_id=f.job_id,
+        restart_count=f.restart_count,
+        node=f.node,
+        step=f.step,
+        at=_at(f.at),
+        detail=f.detail,
     )
 
 
@@ -289,6 +303,7 @@ def create_app(
             sum(1 for f in history if f.closed_at is None),
             NodeDetail,
             faults=[_fault(f) for f in history],
+            findings=[_finding(f) for f in controller.store.node_findings(name)],
             actions=[_action(a) for a in controller.store.node_actions(name)],
             report=row.report_dict() if row else None,
         )
@@ -306,14 +321,23 @@ def create_app(
             tracking=t.state,
             last_requeue_at=_ts(t.last_requeue_at),
             resumed_from_step=t.resumed_from_step,
+            findings=[_finding(f) for f in controller.store.job_findings(t.job_id, limit=20)],
             **extra,
         )
 
     @app.get("/v1/jobs", response_model=list[JobOut], responses=ERRORS)
     def jobs(request: Request) -> list[JobOut]:
-        """Auto-resume jobs the controller tracks."""
+        """Auto-resume jobs the controller tracks, and running jobs it found hung or
+        straggling (tracking ``progress``)."""
         _identity(request)
-        return [_job_out(t) for t in controller.store.jobs().values()]
+        tracked = controller.store.jobs()
+        running = {j.job_id for j in controller.jobs if j.state.upper() == "RUNNING"}
+        others = sorted(
+            j for j in running - set(tracked) if controller.store.job_findings(j, limit=1)
+        )
+        return [_job_out(t) for t in tracked.values()] + [
+            _job_out(TrackedJob(j, 0, state="progress")) for j in others
+        ]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=ERRORS)
     def job(request: Request, job_id: int = FastApiPath(ge=1, le=MAX_INT64)) -> JobOut:

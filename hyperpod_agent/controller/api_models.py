@@ -142,8 +142,21 @@ class ActionOut(BaseModel):
     error: str
 
 
+class FindingOut(BaseModel):
+    """A hang or straggler the controller declared."""
+
+    kind: str
+    job_id: int
+    restart_count: int
+    node: str
+    step: int
+    at: datetime
+    detail: str
+
+
 class NodeDetail(NodeOut):
     faults: list[FaultOut] = Field(default_factory=list)
+    findings: list[FindingOut] = Field(default_factory=list)
     actions: list[ActionOut] = Field(default_factory=list)
     report: dict[str, Any] | None = None
 
@@ -159,6 +172,7 @@ class JobOut(BaseModel):
     tracking: str
     last_requeue_at: datetime | None
     resumed_from_step: int | None
+    findings: list[FindingOut] = Field(default_factory=list)
 
 
 class EventOut(BaseModel):

@@ -74,9 +74,12 @@ def _cause(
     now: float,
     urgent_nodes: set[str],
     faults: Mapping[str, Sequence[FaultRow]],
+    hung: Mapping[int, str],
 ) -> str | None:
     state = job.state.upper()
     if state == "RUNNING":
+        if job.job_id in hung:  # says more than "urgent" about the suspect taken out
+            return hung[job.job_id]
         hit = sorted(set(job.nodes) & urgent_nodes)
         return f"urgent fault on {','.join(hit)}" if hit else None
     if state == "NODE_FAIL":
@@ -184,10 +187,12 @@ def plan(
     urgent_nodes: set[str],
     faults: Mapping[str, Sequence[FaultRow]],
     planned: Sequence[PlannedAction] = (),
+    hung: Mapping[int, str] | None = None,
 ) -> tuple[list[PlannedAction], list[PlannedEvent]]:
     """Requeues, budget-spent and not-retried notices, and waiting events for this pass.
 
-    ``planned`` are this pass's node actions (for the capacity guard). Waiting events
+    ``planned`` are this pass's node actions (for the capacity guard); ``hung`` the
+    running jobs past their hang limit, with the cause (``hangs.py``). Waiting events
     repeat every pass while they hold; the service records each message once.
     """
     ar = config.auto_resume
@@ -209,7 +214,7 @@ def plan(
             and job.restart_count <= tracked.acted_restart_count
         ):
             continue  # this failure was already requeued; Slurm has not caught up
-        cause = _cause(job, snap, config, now, urgent_nodes, faults)
+        cause = _cause(job, snap, config, now, urgent_nodes, faults, hung or {})
         if cause is None:
             if job.state.upper() == "FAILED" and (tracked is None or tracked.state != "failed"):
                 actions.append(_not_retried(job, cap, config))

@@ -122,6 +122,31 @@ class ProviderConfig(BaseModel):
         return self
 
 
+class ProgressConfig(BaseModel):
+    """``[progress]``: hangs and stragglers from the training ranks' progress records
+    (DESIGN §12). A job is judged only once it has reported ``min_steps`` step times."""
+
+    model_config = _FROZEN
+
+    enabled: bool = True
+    hang_factor: float = Field(
+        default=3.0, gt=0, le=1000, description="hang: no rank advanced for factor x p95 step"
+    )
+    hang_min_s: float = Field(default=5.0, gt=0, description="hang: and for at least this long")
+    min_steps: int = Field(default=10, ge=2, le=1024, description="step times before judging")
+    suspect_action: Literal["reboot", "drain", "none"] = Field(
+        default="reboot",
+        description="what happens to a node the hang is clearly attributed to",
+    )
+    cancel_unmanaged: bool = Field(
+        default=False, description="cancel a hung job that is not auto-resume (else: event)"
+    )
+    straggler_threshold: float = Field(
+        default=0.20, gt=0, le=100, description="a node this much slower than the job's median"
+    )
+    straggler_min_steps: int = Field(default=20, ge=2, le=1024)
+
+
 class ControllerConfig(BaseModel):
     """The whole ``controller.toml``."""
 
@@ -147,6 +172,7 @@ class ControllerConfig(BaseModel):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     auto_resume: AutoResumeConfig = Field(default_factory=AutoResumeConfig)
     provider: ProviderConfig = Field(default_factory=ProviderConfig)
+    progress: ProgressConfig = Field(default_factory=ProgressConfig)
 
     @model_validator(mode="after")
     def _cross(self) -> ControllerConfig:

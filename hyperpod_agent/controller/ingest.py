@@ -102,6 +102,7 @@ class Ingest:
                 seen.faults,
                 now,
                 json.dumps({str(k): v for k, v in report.jobs_opted_in.items()}),
+                progress=json.dumps([p.model_dump(mode="json") for p in report.progress]),
                 keep=seen.keep,
                 keep_probes=seen.keep_probes,
             )

@@ -63,4 +63,7 @@ def already_applied(row: ActionRow, nodes: Mapping[str, Node], jobs: Mapping[int
     if row.kind == Kind.REQUEUE.value:
         job = jobs.get(row.job_id or -1)
         return job is not None and job.restart_count > int(row.params.get("restart_count", 0))
+    if row.kind == Kind.CANCEL.value:
+        job = jobs.get(row.job_id or -1)
+        return job is None or job.state.upper() != "RUNNING"
     return False  # replace: the provider's replace() is idempotent for the same params

@@ -50,3 +50,20 @@ API_REJECTIONS = Counter(
     ["code"],
     registry=REGISTRY,
 )
+FINDINGS = Counter(
+    "hyperpod_findings_total",
+    "Hangs and stragglers declared, by kind",
+    ["kind"],
+    registry=REGISTRY,
+)
+HUNG_JOBS = Gauge(
+    "hyperpod_jobs_hung",
+    "Running jobs whose ranks made no progress past their limit",
+    registry=REGISTRY,
+)
+HANG_IDLE = Histogram(
+    "hyperpod_hang_idle_seconds",
+    "How long a job had made no progress when its hang was declared",
+    buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
+    registry=REGISTRY,
+)

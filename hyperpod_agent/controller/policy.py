@@ -10,7 +10,8 @@ import logging
 from collections import defaultdict
 from dataclasses import replace
 
-from hyperpod_agent.controller import autoresume, safety
+from hyperpod_agent.controller import autoresume, hang_plan, safety
+from hyperpod_agent.controller import hangs as hang_rules
 from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
 from hyperpod_agent.controller.intents import REBOOT_FLAGS
 from hyperpod_agent.controller.reasons import (
@@ -126,8 +127,15 @@ class _Ctx:
         return out
 
     def lemon(self, name: str) -> int:
+        """Faults of the node within the lemon window, stragglers it was found to be too."""
         since = self.now - self.policy.lemon_window_s
-        return sum(1 for h in self.snap.history if h.node == name and h.first_seen >= since)
+        faults = sum(1 for h in self.snap.history if h.node == name and h.first_seen >= since)
+        slow = sum(
+            1
+            for f in self.snap.findings
+            if f.kind == "straggler" and f.node == name and f.at >= since
+        )
+        return faults + slow
 
     def fresh(self, name: str) -> bool:
         health = self.snap.health.get(name)
@@ -311,6 +319,9 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
     """Plan this pass's actions from the snapshot. Pure."""
     ctx = _Ctx(snap, config, now)
     planned, events = _plan_nodes(ctx)
+    hangs, stragglers = hang_rules.judge(snap, config.progress, now, config.policy.clock_skew_s)
+    found, hung = hang_plan.plan(snap, config, hangs, stragglers, ctx.owner, ctx.busy)
+    planned += found
     planned, shared = safety.shared_causes(
         planned, snap.open_faults, snap.burst_peers, config.policy, now
     )
@@ -321,7 +332,9 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
         for n in snap.nodes.values()
         if ctx.owner(n) is Owner.US and any(f.urgent for f, _ in ctx.actionable(n))
     }
-    job_actions, job_events = autoresume.plan(snap, config, now, urgent_nodes, ctx.faults, planned)
+    job_actions, job_events = autoresume.plan(
+        snap, config, now, urgent_nodes, ctx.faults, planned, hung
+    )
     # A shared cause is an incident too: the admin looks at the cause, we act on none.
     why = "; ".join([e.message for e in shared] + ([limits.reason] if limits.incident else []))
     return Decision(
@@ -329,4 +342,5 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
         events + shared + limits.events + job_events,
         bool(why),
         why,
+        hung_jobs=len(hangs),
     )

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.autoresume import cap_of
@@ -26,14 +28,15 @@ from hyperpod_agent.controller.providers.base import Provider, SlurmApi
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Decision, NodeHealth, Snapshot
 from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_rows import TrackedJob
+from hyperpod_agent.controller.store_rows import NodeRow, TrackedJob
 from hyperpod_agent.errors import ConfigError, SlurmError
-from hyperpod_agent.health import Verdict
+from hyperpod_agent.health import JobProgress, Verdict
 from hyperpod_agent.slurm.models import Job, Node
 
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY_S = 3600.0
+_PROGRESS = TypeAdapter(list[JobProgress])
 ENDED = ("COMPLETED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED")
 
 
@@ -108,6 +111,7 @@ class Controller(Ingest):
                 generated_at=row.generated_at,
                 last_seen=max(seen) if seen else None,
                 jobs_opted_in=row.opted_in(),
+                progress=_progress(row),
             )
         longest = max(
             policy.escalation_window_s,
@@ -129,6 +133,7 @@ class Controller(Ingest):
             requeues_last_minute=self.store.actions_since("requeue", now - 60.0),
             started_at=self.started_at,
             replaced=self.store.replaced_nodes(),
+            findings=self.store.findings_since(now - policy.lemon_window_s),
         )
 
     def replacement_params(self, node: str) -> dict[str, Any]:
@@ -224,6 +229,7 @@ class Controller(Ingest):
             self.store.add_event("incident_over", "incident mode over: automation resumes", now)
         self.incident_reason = decision.incident_reason if decision.incident else ""
         metrics.INCIDENT.set(1 if decision.incident else 0)
+        metrics.HUNG_JOBS.set(decision.hung_jobs)
         fresh = [
             e
             for e in decision.events
@@ -231,7 +237,7 @@ class Controller(Ingest):
             and not (e.kind == "incident" and self._was_incident(e.message))
         ]
         self._last_events = {e.message for e in decision.events}
-        return Decision(decision.actions, fresh, decision.incident, decision.incident_reason)
+        return dataclasses.replace(decision, events=fresh)
 
     def _was_incident(self, message: str) -> bool:
         return any(m.startswith("incident mode:") for m in self._last_events)
@@ -275,3 +281,14 @@ def _mtime(path: Path | None) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
+
+
+def _progress(row: NodeRow) -> tuple[JobProgress, ...]:
+    """The node's training progress as stored from its last report (validated there)."""
+    if not row.progress or row.progress == "[]":
+        return ()
+    try:
+        return tuple(_PROGRESS.validate_json(row.progress))
+    except ValidationError:
+        log.warning("%s: stored progress unreadable; ignored this pass", row.name)
+        return ()

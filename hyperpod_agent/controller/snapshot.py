@@ -7,14 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperpod_agent.controller.store_rows import ActionRow, FaultRow, TrackedJob
-from hyperpod_agent.health import Verdict
+from hyperpod_agent.controller.store_rows import ActionRow, FaultRow, FindingRow, TrackedJob
+from hyperpod_agent.health import JobProgress, Verdict
 from hyperpod_agent.slurm.models import Job, Node
 
 
 class Kind(enum.StrEnum):
-    """Things the executor can do. ``exhaust`` and ``not_retried`` are bookkeeping only
-    (no Slurm call)."""
+    """Things the executor can do. ``exhaust``, ``not_retried`` and ``finding`` are
+    bookkeeping only (no Slurm call)."""
 
     DRAIN = "drain"
     RESUME = "resume"
@@ -24,6 +24,8 @@ class Kind(enum.StrEnum):
     REQUEUE = "requeue"
     EXHAUST = "exhaust"
     NOT_RETRIED = "not_retried"
+    CANCEL = "cancel"  # a hung job that is not auto-resume, when configured
+    FINDING = "finding"  # a hang or straggler declared (params: the finding)
 
 
 NODE_KINDS = (Kind.DRAIN, Kind.RESUME, Kind.REBOOT, Kind.REPLACE, Kind.HOLD)
@@ -37,6 +39,7 @@ class NodeHealth:
     generated_at: float | None = None  # latest report, agent clock
     last_seen: float | None = None  # latest report or heartbeat, controller clock
     jobs_opted_in: Mapping[int, int] = field(default_factory=dict)
+    progress: Sequence[JobProgress] = ()  # the training ranks on the node, latest report
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class Snapshot:
     # Closed faults that share a code and the shared-cause window with an open one: a
     # burst stays a burst after the node acted on first came back clean.
     burst_peers: Sequence[FaultRow] = ()
+    findings: Sequence[FindingRow] = ()  # hangs and stragglers within the lemon window
     in_flight: Sequence[ActionRow] = ()  # actions in state intent/applied
     done: Sequence[ActionRow] = ()  # completed actions within the escalation window
     tracked: Mapping[int, TrackedJob] = field(default_factory=dict)
@@ -88,3 +92,4 @@ class Decision:
     events: list[PlannedEvent] = field(default_factory=list)
     incident: bool = False
     incident_reason: str = ""
+    hung_jobs: int = 0  # running jobs past their hang limit (declared or not)

@@ -3,14 +3,14 @@ events (store_log.py), and here the nodes' reports and faults."""
 
 from __future__ import annotations
 
-from hyperpod_agent.controller.store_log import ActionLog
+from hyperpod_agent.controller.store_findings import FindingLog
 from hyperpod_agent.controller.store_rows import FaultIn, FaultRow, NodeRow
 from hyperpod_agent.controller.store_schema import MIGRATIONS
 
 __all__ = ["MIGRATIONS", "Store"]
 
 
-class Store(ActionLog):
+class Store(FindingLog):
     """All controller state. Thread-safe: one connection behind a lock."""
 
     def node_row(self, name: str) -> NodeRow | None:
@@ -32,6 +32,7 @@ class Store(ActionLog):
         faults: list[FaultIn],
         now: float,
         jobs_opted_in: str = "{}",
+        progress: str = "[]",
         keep: frozenset[tuple[str, str]] = frozenset(),
         keep_probes: frozenset[str] = frozenset(),
     ) -> tuple[list[FaultRow], list[FaultRow]]:
@@ -47,13 +48,24 @@ class Store(ActionLog):
         with self._tx() as db:
             db.execute(
                 "INSERT INTO nodes (name, agent_id, seq, generated_at, received_at, verdict, "
-                "report, heartbeat_at, jobs_opted_in) VALUES (?,?,?,?,?,?,?,?,?) "
+                "report, heartbeat_at, jobs_opted_in, progress) VALUES (?,?,?,?,?,?,?,?,?,?) "
                 "ON CONFLICT(name) DO UPDATE SET "
                 "agent_id=excluded.agent_id, seq=excluded.seq, generated_at=excluded.generated_at,"
                 " received_at=excluded.received_at, verdict=excluded.verdict, "
                 "report=excluded.report, heartbeat_at=excluded.heartbeat_at, "
-                "jobs_opted_in=excluded.jobs_opted_in",
-                (node, agent_id, seq, generated_at, now, verdict, report_json, now, jobs_opted_in),
+                "jobs_opted_in=excluded.jobs_opted_in, progress=excluded.progress",
+                (
+                    node,
+                    agent_id,
+                    seq,
+                    generated_at,
+                    now,
+                    verdict,
+                    report_json,
+                    now,
+                    jobs_opted_in,
+                    progress,
+                ),
             )
             current = {
                 (f.component, f.code): f

@@ -183,6 +183,7 @@ class ActionLog(Database):
                 "DELETE FROM jobs WHERE state IN ('done','exhausted','failed') AND updated_at<?",
                 (before,),
             ).rowcount
+            removed += db.execute("DELETE FROM findings WHERE at<?", (before,)).rowcount
         return removed
 
     # -- events ---------------------------------------------------------------------

@@ -63,7 +63,7 @@ class FaultRow:
 class NodeRow:
     COLUMNS: ClassVar[str] = (
         "name, agent_id, seq, generated_at, received_at, verdict, report, "
-        "hb_agent_id, hb_seq, heartbeat_at, jobs_opted_in"
+        "hb_agent_id, hb_seq, heartbeat_at, jobs_opted_in, progress"
     )
     name: str
     agent_id: str | None
@@ -76,6 +76,7 @@ class NodeRow:
     hb_seq: int | None
     heartbeat_at: float | None
     jobs_opted_in: str = "{}"
+    progress: str = "[]"  # the report's progress list, JSON
 
     @classmethod
     def from_row(cls, r: tuple[Any, ...]) -> NodeRow:
@@ -169,6 +170,29 @@ class TrackedJob:
             self.resumed_from_step,
             self.updated_at,
         )
+
+
+@dataclass(frozen=True)
+class FindingRow:
+    """A hang or a straggler, declared once per job run (and step, or node)."""
+
+    COLUMNS: ClassVar[str] = "id, kind, job_id, restart_count, node, step, detail, at"
+    id: int
+    kind: str  # hang | straggler
+    job_id: int
+    restart_count: int
+    node: str  # the straggler; '' for a hang
+    step: int  # the step a hang stopped at; -1 for a straggler
+    detail: str
+    at: float
+
+    @classmethod
+    def from_row(cls, r: tuple[Any, ...]) -> FindingRow:
+        return cls(int(r[0]), r[1], int(r[2]), int(r[3]), r[4], int(r[5]), r[6], float(r[7]))
+
+    @property
+    def key(self) -> tuple[str, int, int, str, int]:
+        return (self.kind, self.job_id, self.restart_count, self.node, self.step)
 
 
 @dataclass(frozen=True)

@@ -43,4 +43,14 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE faults ADD COLUMN probe TEXT NOT NULL DEFAULT '';
     """,
+    # 4: training progress from the reports, and hangs/stragglers declared once each.
+    """
+    ALTER TABLE nodes ADD COLUMN progress TEXT NOT NULL DEFAULT '[]';
+    CREATE TABLE findings (
+        id INTEGER PRIMARY KEY, kind TEXT NOT NULL, job_id INTEGER NOT NULL,
+        restart_count INTEGER NOT NULL, node TEXT NOT NULL DEFAULT '',
+        step INTEGER NOT NULL DEFAULT -1, detail TEXT NOT NULL, at REAL NOT NULL);
+    CREATE UNIQUE INDEX findings_key ON findings(kind, job_id, restart_count, node, step);
+    CREATE INDEX findings_at ON findings(at);
+    """,
 ]

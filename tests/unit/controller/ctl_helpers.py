@@ -184,6 +184,12 @@ class FakeSlurm:
         j = self.jobs[job_id]
         self.jobs[job_id] = replace(j, state="PENDING", restart_count=j.restart_count + 1)
 
+    def cancel(self, job_id: int, signal: str | int | None = None) -> None:
+        self.calls.append(("cancel", job_id))
+        self._maybe_fail("cancel")
+        j = self.jobs[job_id]
+        self.jobs[job_id] = replace(j, state="CANCELLED")
+
     def node(self, name: str) -> Node:
         self._maybe_fail("show")
         if name not in self.nodes:

@@ -428,3 +428,24 @@ def test_huge_ids_are_4xx(api: Api) -> None:
     assert api.get(f"/v1/events?since={2**64}").status_code == 422
     beat = {"node": "node2", "agent_id": "a", "seq": 2**63, "sent_at": now_iso()}
     assert api.post("/v1/heartbeats", beat).status_code == 422
+
+
+def test_hangs_and_stragglers_show_in_jobs_and_node_show(api: Api) -> None:
+    from ctl_helpers import job
+
+    from hyperpod_agent.controller.store_rows import EventIn, FindingRow
+
+    now = time.time()
+    running = job(77, nodes=("node1", "node2"), auto_resume=None)
+    api.controller.jobs = [running]
+    api.controller.nodes = dict(api.slurm.nodes)
+    hang = FindingRow(0, "hang", 77, 0, "", 120, "job 77 hung: ...", now)
+    slow = FindingRow(0, "straggler", 77, 0, "node2", -1, "node2 straggles in job 77", now)
+    for f in (hang, slow):
+        assert api.store.add_finding(f, EventIn(f.kind, f.detail, f.node or None, 77))
+    assert not api.store.add_finding(hang, EventIn("hang", "again", None, 77))  # once
+    [listed] = api.get("/v1/jobs").json()
+    assert (listed["job_id"], listed["tracking"]) == (77, "progress")
+    assert [f["kind"] for f in listed["findings"]] == ["straggler", "hang"]
+    shown = api.get("/v1/nodes/node2").json()
+    assert [f["detail"] for f in shown["findings"]] == ["node2 straggles in job 77"]

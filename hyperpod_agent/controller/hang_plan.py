@@ -1,0 +1,116 @@
+"""What the controller does about hangs and stragglers (DESIGN §12). Pure.
+
+- A hang or straggler not declared before: a ``finding`` (the event, once).
+- A hung auto-resume job: recovered like a node fault (``autoresume.plan`` requeues
+  it, with its budget, back-off and the cluster-wide cap). When the hang is clearly
+  attributed, the suspect nodes still in service are taken out too
+  (``progress.suspect_action``), through the same blast-radius and shared-cause limits.
+  Without a clear attribution the job restarts as it is and the suspects are only
+  named in the event.
+- A hung job that is not auto-resume: the event and the metric, and a cancel when
+  ``progress.cancel_unmanaged`` says so.
+- A straggler: the event (and its count toward the node's lemon score); never an
+  action mid-job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping
+
+from hyperpod_agent.controller.autoresume import cap_of
+from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.hangs import Hang, Straggler
+from hyperpod_agent.controller.reasons import Owner, Verb, format_reason
+from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
+from hyperpod_agent.slurm.models import Node
+
+_SUSPECT = {"reboot": (Kind.REBOOT, Verb.REBOOT), "drain": (Kind.DRAIN, Verb.DRAIN)}
+
+
+def _finding(kind: str, job_id: int, restart: int, cause: str, **extra: object) -> PlannedAction:
+    params = {"kind": kind, "job_id": job_id, "restart_count": restart, **extra}
+    node = extra.get("node")
+    return PlannedAction(
+        Kind.FINDING,
+        str(node) if node else None,
+        "",
+        cause,
+        job_id=job_id,
+        params=params,
+    )
+
+
+def _suspect_actions(
+    hang: Hang,
+    config: ControllerConfig,
+    nodes: Mapping[str, Node],
+    owner: Callable[[Node], Owner],
+    busy: Collection[str],
+) -> list[PlannedAction]:
+    mode = config.progress.suspect_action
+    if not hang.clear or mode not in _SUSPECT:
+        return []
+    kind, verb = _SUSPECT[mode]
+    out = []
+    for name in hang.suspects:
+        node = nodes.get(name)
+        # Only a node in service and nobody's: a drained one is out already, and a
+        # human's or another tool's node is never touched.
+        if node is None or name in busy or node.drained or owner(node) is not Owner.NONE:
+            continue
+        why = f"job {hang.job_id} hung at step {hang.step}"
+        out.append(
+            PlannedAction(
+                kind,
+                name,
+                format_reason(verb, f"job{hang.job_id}", "hang", why),
+                f"hang suspect: {hang.describe()}",
+                urgent=True,
+                takes_out=True,
+            )
+        )
+    return out
+
+
+def plan(
+    snap: Snapshot,
+    config: ControllerConfig,
+    hangs: list[Hang],
+    stragglers: list[Straggler],
+    owner: Callable[[Node], Owner],
+    busy: Collection[str],
+) -> tuple[list[PlannedAction], dict[int, str]]:
+    """(this pass's actions, job id -> hang cause for the auto-resume jobs to recover)."""
+    actions: list[PlannedAction] = []
+    hung: dict[int, str] = {}
+    jobs = {j.job_id: j for j in snap.jobs}
+    for hang in hangs:
+        cause = hang.describe()
+        if not hang.declared:
+            actions.append(
+                _finding(
+                    "hang",
+                    hang.job_id,
+                    hang.restart_count,
+                    cause,
+                    step=hang.step,
+                    idle_s=round(hang.idle_s, 3),
+                )
+            )
+        job = jobs[hang.job_id]
+        if cap_of(job, snap, config.auto_resume.default_attempts) is not None:
+            hung[hang.job_id] = f"hang: {cause}"
+            actions += _suspect_actions(hang, config, snap.nodes, owner, busy)
+        elif config.progress.cancel_unmanaged and not hang.declared:
+            actions.append(
+                PlannedAction(
+                    Kind.CANCEL,
+                    None,
+                    "",
+                    f"{cause}; not auto-resume: cancelled (progress.cancel_unmanaged)",
+                    job_id=hang.job_id,
+                )
+            )
+    for s in stragglers:
+        actions.append(_finding("straggler", s.job_id, s.restart_count, s.describe(), node=s.node))
+    return actions, hung
