@@ -190,6 +190,7 @@ class LocalCluster:
             (d / sub).mkdir(parents=True, exist_ok=True)
         # A fresh start: no old jobs, job ids from 1, clean logs.
         shutil.rmtree(self.shape.memory_root, ignore_errors=True)
+        shutil.rmtree(self.shape.progress_root, ignore_errors=True)
         for sub in ("state", "spool", "autoresume", "log", "checkpoints"):
             shutil.rmtree(d / sub, ignore_errors=True)
             (d / sub).mkdir()
@@ -437,3 +438,4 @@ class LocalCluster:
         self.stop_daemons()
         # The nodes' memory tiers are RAM (/dev/shm): give it back.
         shutil.rmtree(self.shape.memory_root, ignore_errors=True)
+        shutil.rmtree(self.shape.progress_root, ignore_errors=True)

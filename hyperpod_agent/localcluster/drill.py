@@ -5,7 +5,9 @@ tests and bench/recovery.py, so all three tell the same story."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -14,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from hyperpod_agent import progress_format
 from hyperpod_agent.errors import HyperpodError
 from hyperpod_agent.localcluster.cluster import LocalCluster
+from hyperpod_agent.progress_format import Record
 from hyperpod_agent.slurm.client import SlurmClient
 from hyperpod_agent.slurm.models import Job
 
@@ -74,8 +78,10 @@ def submit_training(
     auto_resume: int | None = 1,
     extra: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    train_args: tuple[str, ...] = (),
 ) -> tuple[int, Path]:
-    """sbatch examples/train.sbatch on 2 nodes; returns (job id, output file)."""
+    """sbatch examples/train.sbatch on 2 nodes; returns (job id, output file).
+    ``extra`` goes to sbatch, ``train_args`` to train_toy.py."""
     out = cluster.dir / "out" / f"train-{time.time_ns()}.out"
     argv = ["sbatch", "--parsable", "-o", str(out), *extra]
     if auto_resume is not None:
@@ -88,6 +94,7 @@ def submit_training(
         str(step_time),
         "--ckpt-every",
         str(ckpt_every),
+        *train_args,
     ]
     # The job's python3 must be the one that has hyperpod_agent: ours.
     env = {
@@ -274,3 +281,28 @@ def wait_job_end(cluster: LocalCluster, job_id: int, timeout: float = 180.0) -> 
     job = wait_for(f"job {job_id} to end", timeout, ended, interval=0.5)
     assert job is not None  # wait_for returns only a truthy value
     return job
+
+
+def rank_records(cluster: LocalCluster, job_id: int) -> dict[str, list[Record]]:
+    """node -> the job's progress records on it (the TaskProlog puts each node's under
+    its own directory), read whole; records being written are skipped."""
+    out: dict[str, list[Record]] = {}
+    for name in cluster.shape.all_names:
+        job_dir = cluster.shape.progress_root / name / str(job_id)
+        for path in sorted(job_dir.glob(f"*{progress_format.SUFFIX}")):
+            try:
+                out.setdefault(name, []).append(progress_format.decode(path.read_bytes()))
+            except (OSError, progress_format.FormatError):
+                continue
+    return out
+
+
+def freeze_ranks(cluster: LocalCluster, job_id: int, node: str) -> list[int]:
+    """SIGSTOP the job's ranks on ``node`` (a rank that stops making progress without a
+    trace); returns their pids."""
+    pids = [r.pid for r in rank_records(cluster, job_id).get(node, []) if r.pid > 0]
+    if not pids:
+        raise HyperpodError(f"job {job_id} has no progress records on {node}")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids

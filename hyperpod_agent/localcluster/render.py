@@ -46,6 +46,11 @@ class Shape:
         return Path(f"/dev/shm/hyperpod-local-{self.port_base}")
 
     @property
+    def progress_root(self) -> Path:
+        """Where the nodes' training progress records live (a /dev/shm per node)."""
+        return Path(f"/dev/shm/hyperpod-local-{self.port_base}-progress")
+
+    @property
     def ports(self) -> list[int]:
         return [self.port_base] + [self.node_port(n) for n in self.all_names]
 
@@ -186,12 +191,16 @@ def reboot_sh(shape: Shape, python: str) -> str:
 
 def task_prolog_sh(shape: Shape) -> str:
     """TaskProlog: every fake node shares this machine's /dev/shm, so give each node
-    its own checkpoint memory tier, as separate hosts would have."""
+    its own checkpoint memory tier and progress records, as separate hosts would have."""
     root = shlex.quote(str(shape.memory_root))
+    progress = shlex.quote(str(shape.progress_root))
     return (
         "#!/bin/sh\n"
         'if [ -z "$HYPERPOD_CHECKPOINT_MEMORY_DIR" ]; then\n'
         f'  echo "export HYPERPOD_CHECKPOINT_MEMORY_DIR={root}/$(hostname)/$SLURM_JOB_ID"\n'
+        "fi\n"
+        'if [ -z "$HYPERPOD_PROGRESS_DIR" ]; then\n'
+        f'  echo "export HYPERPOD_PROGRESS_DIR={progress}/$(hostname)"\n'
         "fi\n"
         "exit 0\n"
     )

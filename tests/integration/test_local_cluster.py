@@ -242,13 +242,20 @@ def test_node_reboot_gives_a_new_boot_time_and_refuses_a_second_at_once(
 
 def test_tasks_get_a_per_node_checkpoint_memory_tier(local_cluster: LocalCluster) -> None:
     res = run(
-        ["srun", "-N2", "sh", "-c", 'echo "$(hostname) $HYPERPOD_CHECKPOINT_MEMORY_DIR"'],
+        [
+            "srun",
+            "-N2",
+            "sh",
+            "-c",
+            'echo "$(hostname) $HYPERPOD_CHECKPOINT_MEMORY_DIR $HYPERPOD_PROGRESS_DIR"',
+        ],
         env=local_cluster.env,
     )
     assert res.returncode == 0, res.stderr
     lines = sorted(res.stdout.split("\n")[:-1])
     root = str(local_cluster.shape.memory_root)
     for line in lines:
-        host, memdir = line.split()
+        host, memdir, progress = line.split()
         assert memdir.startswith(f"{root}/{host}/")
+        assert progress == f"{local_cluster.shape.progress_root}/{host}"
     assert len({ln.split()[1] for ln in lines}) == 2

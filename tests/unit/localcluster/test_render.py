@@ -68,3 +68,11 @@ def test_each_node_gets_its_own_checkpoint_memory_tier() -> None:
     assert f"{s.memory_root}/$(hostname)/$SLURM_JOB_ID" in text
     assert 'if [ -z "$HYPERPOD_CHECKPOINT_MEMORY_DIR" ]' in text  # the user's choice wins
     assert str(s.memory_root).startswith("/dev/shm/") and "17000" in str(s.memory_root)
+
+
+def test_each_node_gets_its_own_progress_records() -> None:
+    s = shape()
+    text = render.task_prolog_sh(s)
+    assert f"export HYPERPOD_PROGRESS_DIR={s.progress_root}/$(hostname)" in text
+    assert 'if [ -z "$HYPERPOD_PROGRESS_DIR" ]' in text
+    assert s.progress_root != s.memory_root and "17000" in str(s.progress_root)
