@@ -254,8 +254,12 @@ class Services:
         procs.write_pidfile(pidfile, pid)
         return pid
 
+    def pid(self, name: str) -> int | None:
+        """The pid of service ``name`` (``controller``, ``agent-<node>``) if it runs."""
+        return procs.read_pidfile(self.dir / "run" / f"proc-{name}.pid")
+
     def stop(self, name: str) -> None:
-        pid = procs.read_pidfile(self.dir / "run" / f"proc-{name}.pid")
+        pid = self.pid(name)
         if pid is not None:
             procs.stop([pid])
 

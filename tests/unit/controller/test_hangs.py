@@ -276,3 +276,19 @@ def test_a_straggler_is_declared_once_and_counts_toward_the_lemon_score() -> Non
     assert any(
         a.kind is Kind.HOLD and a.node == "node2" for a in decide(snap, config(), NOW).actions
     )
+
+
+def test_a_step_time_that_grows_slowly_is_never_a_hang() -> None:
+    # Warm-up the other way round: every step 3 % longer than the last, for 300 steps.
+    # Just before each step ends, the agent's summary covers the last 128 steps.
+    durations = [0.2 * 1.03**i for i in range(300)]
+    for i in range(20, 300):
+        window = sorted(durations[max(0, i - 128) : i])
+        p95 = window[min(len(window) - 1, int(0.95 * len(window)))]
+        median = window[len(window) // 2]
+        idle = durations[i] * 0.999  # the next step is about to finish
+        ranks = {
+            "node1": [rank(0, at=NOW - idle, p95=p95, median=median, window=len(window))],
+            "node2": [rank(1, at=NOW - idle, p95=p95, median=median, window=len(window))],
+        }
+        assert judge(training(ranks), config().progress, NOW)[0] == [], i
