@@ -17,7 +17,8 @@ directory is shared by every user of the node, so a file is read only when:
 
 Anything else is skipped with one log line per file and reason (not one per cycle) and
 counted once in ``hyperpod_agent_progress_skipped_total{reason}``. At most ``MAX_JOBS``
-jobs and ``MAX_RANKS`` ranks per job are read, the most recently created first.
+jobs, ``MAX_RANKS`` ranks per job and ``MAX_REPORTED_RANKS`` in all are read, the most
+recently created first.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ log = logging.getLogger(__name__)
 
 MAX_JOBS = 64  # NodeReport.progress holds no more
 MAX_RANKS = 256  # JobProgress.ranks holds no more
+# In all: at most about 340 bytes of JSON each, so the report stays well under the
+# controller's default body limit (256 KiB) however many jobs a user starts.
+MAX_REPORTED_RANKS = 512
 MAX_NAMES = 1024  # entries looked at in one directory per cycle
 TRIES = 4  # seqlock reads before giving up for this cycle
 MAX_DURATION_S = 1e7  # what RankProgress accepts
@@ -135,7 +139,13 @@ def summarise(durations: Sequence[float]) -> tuple[int, float | None, float | No
     percentile; last is the newest duration, None if that one is not usable.
     """
     last = durations[-1] if durations and _usable(durations[-1]) else None
-    usable = sorted(d for d in durations if _usable(d))
+    usable = sorted(durations)
+    # The sum is finite only if every duration is (NaN and inf spread): one pass in C
+    # for the usual ring, the filter only when something is off.
+    if usable and not (
+        math.isfinite(sum(usable)) and usable[0] >= 0.0 and usable[-1] <= MAX_DURATION_S
+    ):
+        usable = sorted(d for d in durations if _usable(d))  # NaN had broken the order
     n = len(usable)
     if not n:
         return 0, None, None, last
@@ -231,6 +241,7 @@ class ProgressReader:
         self.root = root
         self.stale_s = stale_s
         self.procfs = procfs
+        self._procfs = str(procfs)  # formatted into two paths per rank per cycle
         self.on_skip = on_skip
         self._clock = clock
         # Skips already logged and counted, by relative path; forgotten when the path is
@@ -286,13 +297,20 @@ class ProgressReader:
         for _, _, name in found[MAX_JOBS:]:
             self._skip(cycle, name, "too_many_jobs", f"only the newest {MAX_JOBS} are read")
         out = []
+        budget = MAX_REPORTED_RANKS
         for _, job, name in found[:MAX_JOBS]:
-            summary = self._job(root_fd, job, name, cycle)
+            if not budget:
+                self._skip(cycle, name, "too_many_ranks", f"{MAX_REPORTED_RANKS} in all")
+                continue
+            summary = self._job(root_fd, job, name, min(MAX_RANKS, budget), cycle)
             if summary is not None:
                 out.append(summary)
+                budget -= len(summary.ranks)
         return sorted(out, key=lambda j: j.job_id)
 
-    def _job(self, root_fd: int, job: int, name: str, cycle: _Skipped) -> JobProgress | None:
+    def _job(
+        self, root_fd: int, job: int, name: str, limit: int, cycle: _Skipped
+    ) -> JobProgress | None:
         try:
             job_fd = os.open(name, OPEN_DIR, dir_fd=root_fd)
         except OSError as exc:
@@ -305,7 +323,7 @@ class ProgressReader:
             return None
         try:
             owner = os.fstat(job_fd).st_uid
-            records = self._records(job_fd, job, name, owner, cycle)
+            records = self._records(job_fd, job, name, owner, limit, cycle)
         finally:
             os.close(job_fd)
         if not records:
@@ -318,7 +336,7 @@ class ProgressReader:
         )
 
     def _records(
-        self, job_fd: int, job: int, dirname: str, owner: int, cycle: _Skipped
+        self, job_fd: int, job: int, dirname: str, owner: int, limit: int, cycle: _Skipped
     ) -> list[tuple[pf.Record, RankProgress]]:
         entries, more = listing(job_fd)
         if more:
@@ -338,10 +356,10 @@ class ProgressReader:
             else:
                 found.append((-st.st_mtime, rank, entry.name))
         found.sort()  # the most recently created first
-        for _, _, name in found[MAX_RANKS:]:
+        for _, _, name in found[limit:]:
             self._skip(cycle, f"{dirname}/{name}", "too_many_ranks")
         out = []
-        for _, rank, name in found[:MAX_RANKS]:
+        for _, rank, name in found[:limit]:
             try:
                 out.append(self._rank(job_fd, job, rank, name, owner))
             except Skip as skip:
@@ -373,15 +391,15 @@ class ProgressReader:
 
     def _process(self, pid: int) -> tuple[str, tuple[int, ...]]:
         """(state letter or 'gone', (real uid, effective uid)) of a process."""
-        base = self.procfs / str(pid)
+        base = f"{self._procfs}/{pid}"
         try:
-            state = parse_proc_stat(_read_small(base / "stat"))
+            state = parse_proc_stat(_read_small(f"{base}/stat"))
         except (FileNotFoundError, ProcessLookupError):
             return "gone", ()
         except OSError:
             return "", ()
         try:
-            uids = parse_proc_uids(_read_small(base / "status"))
+            uids = parse_proc_uids(_read_small(f"{base}/status"))
         except OSError:
             uids = ()
         return state, uids
@@ -398,7 +416,7 @@ def _with_status(
             continue  # removed since the listing
 
 
-def _read_small(path: Path) -> str:
+def _read_small(path: str) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return os.read(fd, 4096).decode("ascii", "replace")

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ from progress_records import dead_pid, encode, proc_state, record, wait_until, w
 
 from hyperpod_agent.agent import progress_reader as pr
 from hyperpod_agent.agent.progress_reader import ProgressReader, parse_proc_stat, summarise
-from hyperpod_agent.health import JobProgress
+from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.health import JobProgress, NodeReport, Verdict
 
 HOUR = 3600.0
 LOGGER = "hyperpod_agent.agent.progress_reader"
@@ -69,6 +71,8 @@ def test_summary_leaves_out_durations_no_clock_gives() -> None:
     window, median, _, last = summarise((1.0, float("nan"), -2.0, float("inf"), 3.0))
     assert (window, median, last) == (2, 2.0, 3.0)
     assert summarise((1.0, float("nan")))[3] is None  # the newest one is not usable
+    nan = float("nan")
+    assert summarise((5.0, nan, 1.0, nan, 3.0, 4.0, nan, 2.0)) == (5, 3.0, 5.0, 2.0)
 
 
 # -- reading records ----------------------------------------------------------------
@@ -424,3 +428,32 @@ def test_other_names_are_skipped_once(
         rd.read()
     assert sorted(skips.reasons) == ["bad_name"] * 3
     assert len([r for r in caplog.records if r.name == LOGGER]) == 3
+
+
+def test_ranks_in_all_are_bounded_to_fit_the_controllers_body_limit(
+    tmp_path: Path, sleeper: subprocess.Popen[bytes]
+) -> None:
+    now = time.time()
+    per_job = 200
+    for job in (1, 2, 3):  # job 3 the newest
+        for rank in range(per_job):
+            record(tmp_path, sleeper.pid, job, rank)
+        os.utime(tmp_path / str(job), (now - 100 + job, now - 100 + job))
+    rd, skips = reader(tmp_path)
+    jobs = rd.read()
+    assert [(j.job_id, len(j.ranks)) for j in jobs] == [
+        (1, pr.MAX_REPORTED_RANKS - 2 * per_job),
+        (2, per_job),
+        (3, per_job),
+    ]
+    assert skips.reasons == ["too_many_ranks"] * (3 * per_job - pr.MAX_REPORTED_RANKS)
+    report = NodeReport(
+        node="n1",
+        agent_id="a",
+        seq=1,
+        generated_at=datetime.now(UTC),
+        verdict=Verdict.HEALTHY,
+        progress=jobs,
+    )
+    # Well under the controller's default body limit, with room for the health part.
+    assert len(report.model_dump_json()) < 0.6 * ControllerConfig().max_body_bytes
