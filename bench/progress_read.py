@@ -29,7 +29,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hyperpod_agent import progress_format as pf
-from hyperpod_agent.agent.progress_reader import OPEN_DIR, ProgressReader, read_record
+from hyperpod_agent.agent.progress_files import OPEN_DIR, read_record
+from hyperpod_agent.agent.progress_reader import ProgressReader
 
 
 def write_records(root: Path, job_id: int, ranks: int, pid: int) -> None:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hyperpod_agent.agent.progress_reader import (
+from hyperpod_agent.agent.progress_files import (
     MAX_RANKS,
     OPEN_DIR,
     Skip,

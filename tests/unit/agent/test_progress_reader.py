@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from progress_records import dead_pid, encode, proc_state, record, wait_until, write
 
+from hyperpod_agent.agent import progress_files as pfiles
 from hyperpod_agent.agent import progress_reader as pr
-from hyperpod_agent.agent.progress_reader import ProgressReader, parse_proc_stat, summarise
+from hyperpod_agent.agent.progress_reader import ProgressReader
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.health import JobProgress, NodeReport, Verdict
 
@@ -37,42 +38,6 @@ def reader(root: Path, **kw: object) -> tuple[ProgressReader, Skips]:
 
 def ranks(jobs: list[JobProgress]) -> dict[tuple[int, int], object]:
     return {(j.job_id, r.rank): r for j in jobs for r in j.ranks}
-
-
-# -- pure parts ---------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("text", "state"),
-    [
-        ("1234 (python) S 1 1234 1234 0 -1 4194560 0 0", "S"),
-        ("1234 (my (odd) name) R 1 2 3", "R"),
-        ("1234 (a b) c) ) D 1 2 3", "D"),  # comm may hold spaces and ')'
-        ("1234 (x) T 1", "T"),
-        ("1234 (x) t 1", "t"),
-        ("1234 (x) Z 1", "Z"),
-        ("1234 (x)", ""),  # cut short
-        ("garbage", ""),
-        ("", ""),
-    ],
-)
-def test_parse_proc_stat(text: str, state: str) -> None:
-    assert parse_proc_stat(text) == state
-
-
-def test_summary_of_known_durations() -> None:
-    window, median, p95, last = summarise(tuple(float(d) for d in range(1, 101)))
-    assert (window, median, p95, last) == (100, 50.5, 95.0, 100.0)
-    assert summarise((2.0, 1.0, 3.0)) == (3, 2.0, 3.0, 3.0)
-    assert summarise(()) == (0, None, None, None)
-
-
-def test_summary_leaves_out_durations_no_clock_gives() -> None:
-    window, median, _, last = summarise((1.0, float("nan"), -2.0, float("inf"), 3.0))
-    assert (window, median, last) == (2, 2.0, 3.0)
-    assert summarise((1.0, float("nan")))[3] is None  # the newest one is not usable
-    nan = float("nan")
-    assert summarise((5.0, nan, 1.0, nan, 3.0, 4.0, nan, 2.0)) == (5, 3.0, 5.0, 2.0)
 
 
 # -- reading records ----------------------------------------------------------------
@@ -364,7 +329,7 @@ def test_a_torn_read_is_retried(
             path.write_bytes(whole)
         return data
 
-    monkeypatch.setattr(pr.os, "pread", pread)
+    monkeypatch.setattr(pfiles.os, "pread", pread)
     rd, skips = reader(tmp_path)
     jobs = rd.read()
     assert ranks(jobs)[(50, 0)].step == 4  # type: ignore[attr-defined]
@@ -384,7 +349,7 @@ def test_a_write_under_a_read_is_detected(
         path.write_bytes(encode(sleeper.pid, 50, 0, seq=next(seq), step=2))
         return data
 
-    monkeypatch.setattr(pr.os, "pread", pread)
+    monkeypatch.setattr(pfiles.os, "pread", pread)
     rd, skips = reader(tmp_path)
     assert rd.read() == [] and skips.reasons == ["torn"]
 
@@ -405,13 +370,13 @@ def test_newest_64_jobs_are_kept(tmp_path: Path, sleeper: subprocess.Popen[bytes
 
 def test_newest_256_ranks_are_kept(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
     now = time.time()
-    for rank in range(pr.MAX_RANKS + 2):
+    for rank in range(pfiles.MAX_RANKS + 2):
         path = record(tmp_path, sleeper.pid, 9, rank)
-        then = now - 1000 + (rank + 2) % (pr.MAX_RANKS + 2)  # ranks 256, 257 are the oldest
+        then = now - 1000 + (rank + 2) % (pfiles.MAX_RANKS + 2)  # ranks 256, 257 are the oldest
         os.utime(path, (then, then))
     rd, skips = reader(tmp_path)
     (job,) = rd.read()
-    assert [r.rank for r in job.ranks] == list(range(pr.MAX_RANKS))
+    assert [r.rank for r in job.ranks] == list(range(pfiles.MAX_RANKS))
     assert skips.reasons == ["too_many_ranks", "too_many_ranks"]
 
 
