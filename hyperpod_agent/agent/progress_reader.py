@@ -167,6 +167,9 @@ class ProgressReader:
         try:
             owner = os.fstat(job_fd).st_uid
             records = self._records(job_fd, job, name, owner, limit, cycle)
+        except OSError as exc:  # one directory we cannot list costs only its job
+            self._skip(cycle, name, "unreadable", exc.strerror or str(exc))
+            return None
         finally:
             os.close(job_fd)
         if not records:
@@ -230,7 +233,9 @@ class ProgressReader:
         try:
             return record, _summary(record, state)
         except ValidationError as exc:
-            raise Skip("garbage", str(exc.errors()[0]["loc"])) from None
+            err = exc.errors()[0]
+            where = ".".join(str(part) for part in err["loc"])
+            raise Skip("garbage", f"{where}: {err['msg']}") from None
 
     def _process(self, pid: int) -> tuple[str, tuple[int, ...]]:
         """(state letter or 'gone', (real uid, effective uid)) of a process."""

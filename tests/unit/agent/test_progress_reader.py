@@ -168,6 +168,10 @@ def _bad_step_time(root: Path, pid: int) -> Path:
     return write(root, 50, 0, encode(pid, 50, 0, step=3, step_at=float("nan")))
 
 
+def _step_out_of_range(root: Path, pid: int) -> Path:
+    return write(root, 50, 0, encode(pid, 50, 0, step=2**63 - 1, step_at=time.time()))
+
+
 def _huge_sparse(root: Path, pid: int) -> Path:
     # A valid record at the start, 100 MB in all: the size alone disqualifies it.
     path = write(root, 50, 0, encode(pid, 50, 0))
@@ -258,6 +262,7 @@ SKIPS = [
     (_non_ascii_reason, "garbage"),
     (_negative_pid, "garbage"),
     (_bad_step_time, "garbage"),
+    (_step_out_of_range, "garbage"),
     (_huge_sparse, "size"),
     (_short, "size"),
     (_symlink, "symlink"),
