@@ -12,8 +12,16 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from hyperpod_agent import progress_format
 from hyperpod_agent.agent.cache import DEFAULT_CACHE_PATH
 from hyperpod_agent.agent.janitor import MemoryTierConfig
 from hyperpod_agent.agent.reporter import ReporterConfig
@@ -73,6 +81,24 @@ class AgentConfig(BaseModel):
         default=Path("/run/hyperpod/autoresume"),
         description="the SPANK plugin's statedir: srun --auto-resume markers to forward",
     )
+    progress_dir: Path = Field(
+        default=progress_format.DEFAULT_ROOT,
+        description="where training ranks keep their progress records (<job id>/<rank>.prog)",
+    )
+    progress_stale_s: float = Field(
+        default=3600.0,
+        ge=60,
+        le=30 * 86400,
+        description="a record whose process is gone and that did not move for this long is "
+        "a leftover: not reported, and its job's directory is removed",
+    )
+    progress_report_interval_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=3600,
+        description="a report whose only change is progress goes at most this often; "
+        "None: every cycle",
+    )
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     verdict: VerdictConfig = Field(default_factory=VerdictConfig)
     health_check: HealthCheckConfig = Field(default_factory=HealthCheckConfig)
@@ -96,6 +122,12 @@ class AgentConfig(BaseModel):
         intervals = [c.interval_s for c in self.enabled_probes().values()]
         return min(max(min(intervals, default=5.0), 0.2), 30.0)
 
+    def effective_progress_report_interval_s(self) -> float:
+        """Seconds between reports whose only change is progress."""
+        if self.progress_report_interval_s is not None:
+            return self.progress_report_interval_s
+        return self.effective_cycle_s()
+
     def probe_context(self) -> ProbeContext:
         """Where probes look on this node."""
         return ProbeContext(
@@ -106,6 +138,13 @@ class AgentConfig(BaseModel):
             slurm_conf=self.slurm_conf,
             state_dir=self.state_dir,
         )
+
+    @field_validator("progress_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        if not value.is_absolute():
+            raise ValueError("must be an absolute path")
+        return value
 
     @model_validator(mode="after")
     def _stale_after_covers_cycles(self) -> AgentConfig:

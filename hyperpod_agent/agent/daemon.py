@@ -1,9 +1,10 @@
 """The node health agent: probes -> verdict -> cache, metrics and the controller.
 
 One loop, one cycle every ``cycle_s``: start the probes that are due, wait (bounded)
-for them, judge the latest result of every probe, write the cache atomically, publish
-the report, ping the systemd watchdog. Nothing a probe does can stop the loop; the
-loop logs when the node's state or a probe's status changes, not every cycle.
+for them, judge the latest result of every probe, read the training ranks' progress
+records, write the cache atomically, publish the report, ping the systemd watchdog.
+Nothing a probe does can stop the loop; the loop logs when the node's state or a
+probe's status changes, not every cycle.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from hyperpod_agent.agent.config import AgentConfig
 from hyperpod_agent.agent.janitor import MemoryTierJanitor, slurm_lookup
 from hyperpod_agent.agent.markers import MarkerReader
 from hyperpod_agent.agent.metrics import AgentMetrics
+from hyperpod_agent.agent.progress_janitor import ProgressJanitor
+from hyperpod_agent.agent.progress_reader import ProgressReader
 from hyperpod_agent.agent.verdict import NodeVerdict, VerdictConfig, VerdictEngine
 from hyperpod_agent.errors import HyperpodError
-from hyperpod_agent.health import NodeReport, Status, Verdict
+from hyperpod_agent.health import JobProgress, NodeReport, Status, Verdict
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig
 from hyperpod_agent.probes.registry import PROBES
 from hyperpod_agent.probes.runner import ProbeRunner
@@ -72,7 +75,11 @@ def make_reporter(config: AgentConfig) -> Any:
     if cls is None:
         log.warning("controller configured but this build has no reporter; not reporting")
         return None
-    return cls(config.controller, config.node_name)
+    return cls(
+        config.controller,
+        config.node_name,
+        progress_interval_s=config.effective_progress_report_interval_s(),
+    )
 
 
 class Agent:
@@ -103,6 +110,16 @@ class Agent:
             slurm_lookup(config.slurm_conf),
             on_removed=lambda _job: self.metrics.memory_tiers_freed.inc(),
         )
+        self.progress = ProgressReader(
+            config.progress_dir,
+            stale_s=config.progress_stale_s,
+            procfs=config.procfs_root,
+            on_skip=lambda reason: self.metrics.progress_skipped.labels(reason).inc(),
+        )
+        self._progress_error: str | None = None
+        self.progress_janitor = ProgressJanitor(
+            config.progress_dir, stale_s=config.progress_stale_s, procfs=config.procfs_root
+        )
 
     def _observe(self, result: Any, ran: bool) -> None:
         self.metrics.observe(result, ran)
@@ -126,7 +143,26 @@ class Agent:
             results=results,
             confirmed=nv.confirmed,
             jobs_opted_in=self.markers.jobs() if self.markers is not None else {},
+            progress=self._read_progress(),
         )
+
+    def _read_progress(self) -> list[JobProgress]:
+        """This cycle's progress; a failure costs the report its progress, nothing else,
+        and is logged when it starts or changes, not every cycle."""
+        try:
+            jobs = self.progress.read()
+        except Exception as exc:  # noqa: BLE001 - the health report must go out regardless
+            why = f"{type(exc).__name__}: {exc}"
+            if why != self._progress_error:
+                log.exception(
+                    "progress records in %s: couldn't read them: %s", self.progress.root, why
+                )
+                self._progress_error = why
+            return []
+        if self._progress_error is not None:
+            log.info("progress records in %s: readable again", self.progress.root)
+            self._progress_error = None
+        return jobs
 
     def finish_cycle(self) -> NodeReport:
         """Judge the latest results, write the cache, update metrics, publish."""
@@ -189,7 +225,9 @@ class Agent:
             cycle_s,
             self.config.cache_path,
         )
-        self.janitor.prepare_root()  # before any job of this boot creates its memory tier
+        # Before any job of this boot creates its memory tier or its progress records.
+        self.janitor.prepare_root()
+        self.progress_janitor.prepare_root()
         next_cycle = time.monotonic()
         ready = False
         while not self.stopping.is_set():
@@ -198,6 +236,7 @@ class Agent:
                 self.runner.cycle(max_wait=max(0.0, next_cycle + 0.8 * cycle_s - time.monotonic()))
                 self.finish_cycle()
                 self.janitor.start_if_due()
+                self.progress_janitor.maybe_sweep()  # no Slurm call: cheap and bounded
             except Exception:  # noqa: BLE001 - the agent outlives its own bugs; logged
                 log.exception("cycle failed; continuing")
             sd_notify("WATCHDOG=1" if ready else "READY=1")

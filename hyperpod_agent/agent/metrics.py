@@ -80,6 +80,12 @@ class AgentMetrics:
             "Checkpoint memory tiers of finished jobs removed from this node",
             registry=r,
         )
+        self.progress_skipped = Counter(
+            "hyperpod_agent_progress_skipped",
+            "Progress records not used, by reason; once per file and reason, not per cycle",
+            ["reason"],
+            registry=r,
+        )
         self._xids = _XidCollector()
         r.register(self._xids)
         self._server: Any = None

@@ -2,12 +2,15 @@
 
 :meth:`Reporter.publish` only stores the newest report and wakes a background thread,
 so the agent's probe cycle never waits for the network. The thread sends the full
-report when it changed (verdict, action, findings, opted-in jobs), a small heartbeat
-every ``heartbeat_interval_s`` otherwise, and retries with bounded exponential back-off
-and jitter. If the controller stays unreachable for ``self_drain_after_s`` while the
-node has an urgent fault, the agent drains its own node with an owned reason, so a
-controller outage never hides a dead GPU (DESIGN §1; the rules are in selfdrain.py).
-A controller that answers, even with an error, is reachable.
+report when it changed (verdict, action, findings, opted-in jobs, a job or rank that
+came or went, a rank pausing or resuming, a process changing state), a small heartbeat
+every ``heartbeat_interval_s`` otherwise. Training progress moves every step: a report
+whose only change is progress goes at most every ``progress_interval_s``. The thread
+retries with bounded exponential back-off and jitter. If the controller stays
+unreachable for ``self_drain_after_s`` while the node has an urgent fault, the agent
+drains its own node with an owned reason, so a controller outage never hides a dead GPU
+(DESIGN §1; the rules are in selfdrain.py). A controller that answers, even with an
+error, is reachable.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from hyperpod_agent.client import (
     check_url,
 )
 from hyperpod_agent.errors import ConfigError
-from hyperpod_agent.health import NodeReport, Verdict
+from hyperpod_agent.health import JobProgress, NodeReport, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,8 @@ class ReporterConfig(BaseModel):
 
 
 def fingerprint(report: NodeReport) -> tuple[Any, ...]:
-    """What makes a report worth sending again: everything but times, seq and prose."""
+    """What makes a report worth sending at once: everything but times, seq, prose and
+    the progress that moves every step (``Reporter`` rate-limits that)."""
     results = tuple(
         (
             r.probe,
@@ -103,6 +107,15 @@ def fingerprint(report: NodeReport) -> tuple[Any, ...]:
         # A finding passing its damping changes nothing else in the report.
         tuple(sorted((c.probe, c.component, c.code) for c in report.confirmed)),
         tuple(sorted(report.jobs_opted_in.items())),
+        tuple(
+            (
+                job.job_id,
+                job.hang_factor,
+                job.hang_min_s,
+                tuple((r.rank, r.pid, r.paused, r.pause_reason, r.proc_state) for r in job.ranks),
+            )
+            for job in report.progress
+        ),
     )
 
 
@@ -123,8 +136,10 @@ class Reporter:
         slurm: NodeSlurm | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        progress_interval_s: float = 0.0,
     ) -> None:
         self.config = config
+        self._progress_interval_s = progress_interval_s
         self.node = node
         self.enabled = bool(config.url)
         self._self_drain = SelfDrain(
@@ -144,8 +159,10 @@ class Reporter:
         self._pending: NodeReport | None = None
         # Owned by the sending thread only:
         self._sent: tuple[Any, ...] | None = None
+        self._sent_progress: list[JobProgress] = []
         self._resend = False
         self._last_send = 0.0
+        self._last_full = 0.0
         self._retry_at = 0.0
         self._attempt = 0
         self._down_since: float | None = None
@@ -208,7 +225,10 @@ class Reporter:
         if self._sent != fingerprint(report) or self._resend:
             due = max(due, now)
         else:
-            due = max(due, self._last_send + self.config.heartbeat_interval_s)
+            beat = self._last_send + self.config.heartbeat_interval_s
+            if report.progress != self._sent_progress:
+                beat = min(beat, self._last_full + self._progress_interval_s)
+            due = max(due, beat)
         drain_at = self._self_drain.due(report, self._down_since)
         return min(due, drain_at) if drain_at is not None else due
 
@@ -225,7 +245,14 @@ class Reporter:
 
     def _send(self, report: NodeReport, now: float) -> None:
         fp = fingerprint(report)
-        full = self._sent != fp or self._resend
+        full = (
+            self._sent != fp
+            or self._resend
+            or (
+                report.progress != self._sent_progress
+                and now >= self._last_full + self._progress_interval_s
+            )
+        )
         try:
             if full:
                 self._client.report(report.model_dump(mode="json"))
@@ -253,6 +280,7 @@ class Reporter:
             return
         if full:
             self._sent, self._resend = fp, False
+            self._sent_progress, self._last_full = report.progress, now
         self._reachable(now)
         self._set_state("ok", f"reporting to controller at {self.config.url}")
 

@@ -161,3 +161,27 @@ def test_all_probes_disabled_cycle_defaults_to_five(tmp_path: Path) -> None:
 
 def test_controller_section_is_the_reporter_config(tmp_path: Path) -> None:
     assert "controller.nope" in error(tmp_path, "[controller]\nnope = 1\n")
+
+
+def test_progress_defaults(tmp_path: Path) -> None:
+    cfg = load(tmp_path, "cycle_s = 2\n")
+    assert cfg.progress_dir == Path("/dev/shm/hyperpod-progress")
+    assert cfg.progress_stale_s == 3600
+    assert cfg.progress_report_interval_s is None
+    assert cfg.effective_progress_report_interval_s() == 2
+    cfg = load(tmp_path, "cycle_s = 2\nprogress_report_interval_s = 15\n")
+    assert cfg.effective_progress_report_interval_s() == 15
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("progress_stale_s = 0", "progress_stale_s: Input should be greater than or equal to 60"),
+        ("progress_report_interval_s = 0", "progress_report_interval_s: Input should be greater"),
+        ("progress_report_interval_s = 100000", "progress_report_interval_s: Input should be less"),
+        ('progress_dir = ""', "progress_dir: must be an absolute path"),
+        ('progress_dir = "relative/dir"', "progress_dir: must be an absolute path"),
+    ],
+)
+def test_progress_keys_are_checked(tmp_path: Path, text: str, expected: str) -> None:
+    assert error(tmp_path, text).startswith(f"{tmp_path / 'agent.toml'}: {expected}")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from progress_records import record, write
+from prometheus_client import generate_latest
 
 from hyperpod_agent.agent.cache import read_report
 from hyperpod_agent.agent.config import AgentConfig
@@ -45,6 +49,7 @@ def make_config(tmp_path: Path, gpus: int = 8, **extra: Any) -> AgentConfig:
             "verdict": {"grace_s": 0, "fail_after_runs": 2},
             "probes": probes,
             "memory_tier": {"root": str(tmp_path / "shm")},
+            "progress_dir": str(tmp_path / "progress"),
             **extra,
         }
     )
@@ -174,3 +179,56 @@ def test_metrics_port_in_use_is_one_line_error(tmp_path: Path) -> None:
         with pytest.raises(HyperpodError, match=f"cannot listen on 127.0.0.1:{port}"):
             agent.run()
         agent.close()
+
+
+def test_report_carries_progress(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+    progress = tmp_path / "progress"
+    record(progress, sleeper.pid, 42, 0, step=7, step_at=time.time(), durations=[1.0, 3.0])
+    write(progress, 43, 0, b"x" * 1024)  # skipped, counted
+    rec = Recorder()
+    agent = Agent(make_config(tmp_path, progress_dir=str(progress)), reporter=rec)
+    report = agent.finish_cycle()
+    (job,) = report.progress
+    assert job.job_id == 42 and job.ranks[0].step == 7 and job.ranks[0].median_s == 2.0
+    assert rec.reports[-1].progress == report.progress
+    assert read_report(tmp_path / "health.json").progress == report.progress
+    scraped = generate_latest(agent.metrics.registry).decode()
+    assert 'hyperpod_agent_progress_skipped_total{reason="format"} 1.0' in scraped
+    agent.close()
+
+
+def test_a_failing_progress_reader_costs_only_the_progress(
+    tmp_path: Path,
+    sleeper: subprocess.Popen[bytes],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    progress = tmp_path / "progress"
+    record(progress, sleeper.pid, 42, 0)
+    agent = Agent(make_config(tmp_path, progress_dir=str(progress)), reporter=Recorder())
+
+    def explode() -> list[Any]:
+        raise RuntimeError("reader bug")
+
+    monkeypatch.setattr(agent.progress, "read", explode)
+    with caplog.at_level(logging.ERROR, logger="hyperpod_agent.agent.daemon"):
+        first = agent.run_once()
+        second = agent.finish_cycle()
+    assert first.verdict == Verdict.HEALTHY and first.progress == []
+    assert second.seq == 2 and second.progress == []
+    assert sum("reader bug" in r.getMessage() for r in caplog.records) == 1  # not every cycle
+    monkeypatch.undo()
+    assert [j.job_id for j in agent.finish_cycle().progress] == [42]
+    agent.close()
+
+
+def test_reporter_gets_the_progress_interval(tmp_path: Path) -> None:
+    url = {"controller": {"url": "http://127.0.0.1:9", "auth": {"mode": "none"}}}
+    default = make_reporter(make_config(tmp_path, **url))
+    chosen = make_reporter(make_config(tmp_path, progress_report_interval_s=30, **url))
+    try:
+        assert default._progress_interval_s == make_config(tmp_path).effective_cycle_s()
+        assert chosen._progress_interval_s == 30
+    finally:
+        default.close()
+        chosen.close()

@@ -24,8 +24,10 @@ from hyperpod_agent.health import (
     Action,
     FaultRef,
     Finding,
+    JobProgress,
     NodeReport,
     ProbeResult,
+    RankProgress,
     Status,
     Verdict,
 )
@@ -492,3 +494,66 @@ def test_self_drain_reason_without_findings() -> None:
         }
     )
     assert self_drain_reason(bare) == ("node fault", "hyperpod:replace node fault GPU count 7 < 8")
+
+
+def with_progress(base: NodeReport, *ranks: RankProgress) -> NodeReport:
+    """``base`` carrying one job's progress (job 42), with a fresh seq."""
+    job = JobProgress(job_id=42, ranks=list(ranks))
+    return base.model_copy(update={"seq": next(SEQ), "progress": [job]})
+
+
+def rank(step: int, **fields: Any) -> RankProgress:
+    base: dict[str, Any] = {"rank": 0, "pid": 100, "step": step, "proc_state": "R"}
+    base.update(fields)
+    return RankProgress(**base)
+
+
+def test_progress_only_changes_wait_for_the_progress_interval(
+    server: tuple[str, Recorder], reporters: list
+) -> None:
+    url, rec = server
+    rep = start(reporters, config(url, heartbeat_interval_s=0.1), progress_interval_s=3600)
+    base = report()
+    rep.publish(with_progress(base, rank(1)))
+    wait_for(lambda: len(rec.bodies("/v1/reports")) == 1)
+    stepped = with_progress(base, rank(2, step_at=1.0, median_s=0.5, last_s=0.5))
+    rep.publish(stepped)
+    # A heartbeat naming the stepped report's seq: it was seen and not sent in full.
+    wait_for(lambda: any(b["seq"] == stepped.seq for b in rec.bodies("/v1/heartbeats")))
+    assert len(rec.bodies("/v1/reports")) == 1
+    # These are real changes: each goes at once.
+    changes = [
+        with_progress(base, rank(3, paused=True, pause_reason="checkpoint")),
+        with_progress(base, rank(3, paused=True, pause_reason="checkpoint", proc_state="T")),
+        with_progress(base, rank(3, proc_state="T", paused=True), rank(3, rank=1)),
+        base.model_copy(update={"seq": next(SEQ)}),  # the job left the node
+    ]
+    for n, change in enumerate(changes, start=2):
+        rep.publish(change)
+        wait_for(lambda n=n: len(rec.bodies("/v1/reports")) == n)  # type: ignore[misc]
+        assert rec.bodies("/v1/reports")[-1]["seq"] == change.seq
+
+
+def test_progress_only_changes_are_sent_at_the_progress_interval(
+    server: tuple[str, Recorder], reporters: list
+) -> None:
+    url, rec = server
+    rep = start(reporters, config(url, heartbeat_interval_s=3600), progress_interval_s=0.05)
+    base = report()
+    rep.publish(with_progress(base, rank(1)))
+    wait_for(lambda: len(rec.bodies("/v1/reports")) == 1)
+    stepped = with_progress(base, rank(2))
+    rep.publish(stepped)
+    wait_for(lambda: len(rec.bodies("/v1/reports")) == 2)
+    assert rec.bodies("/v1/reports")[1]["progress"][0]["ranks"][0]["step"] == 2
+    assert rec.bodies("/v1/heartbeats") == []
+
+
+def test_fingerprint_sees_progress_structure_not_steps() -> None:
+    base = report()
+    one = with_progress(base, rank(1))
+    assert fingerprint(one) == fingerprint(with_progress(base, rank(7, median_s=2.0)))
+    assert fingerprint(one) != fingerprint(base)
+    assert fingerprint(one) != fingerprint(with_progress(base, rank(1, paused=True)))
+    assert fingerprint(one) != fingerprint(with_progress(base, rank(1, proc_state="D")))
+    assert fingerprint(one) != fingerprint(with_progress(base, rank(1), rank(1, rank=1)))

@@ -47,6 +47,7 @@ def _agent() -> Expect:
         writes += (cfg.auto_resume_markers,)
     if cfg.memory_tier.cleanup:
         writes += (cfg.memory_tier.root / "12345",)  # a finished job's memory tier
+    writes += (cfg.progress_dir / "12345",)  # a finished job's progress records
     return Expect(
         "hyperpod-agent", "slurmd.service", DEFAULT_CONFIG_PATH, cfg.effective_cycle_s(), writes
     )
