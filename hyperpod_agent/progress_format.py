@@ -134,5 +134,5 @@ def decode(data: bytes) -> Record:
         hang_factor=factor,
         hang_min_s=floor,
         total=total,
-        durations=tuple(float(d) for d in durations),
+        durations=tuple(durations),
     )

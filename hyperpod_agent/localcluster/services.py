@@ -139,6 +139,8 @@ class Services:
             "auto_resume_markers": str(self.dir / "autoresume"),
             # TaskProlog puts each node's memory tiers under memory_root/<node>/<job>.
             "memory_tier": {"root": str(self.cluster.shape.memory_root / node)},
+            # ... and the ranks' progress records under progress_root/<node>/<job>.
+            "progress_dir": str(self.cluster.shape.progress_root / node),
             "cycle_s": 1.0,
             "metrics": {"port": self.metrics_port(node)},
             # A restarted agent waits a little before non-urgent verdicts, as on a
