@@ -9,6 +9,8 @@ runs a cluster to reuse it (it is then left running).
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,6 +44,16 @@ def local_cluster() -> Iterator[object]:
         yield cluster
     finally:
         cluster.down()
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory every user can reach (pytest's own tmp_path is private to root), for
+    tests that run code as another user."""
+    d = Path(tempfile.mkdtemp(prefix="hp-shared-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 SERVICE_CLUSTER_DIR = Path("/var/tmp/hyperpod-svc")

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from hyperpod_agent import progress
 from hyperpod_agent.checkpoint import (
     _threads,
     handshake,
@@ -208,9 +209,17 @@ class Checkpointer:
 
         Unsupported values raise UnsupportedStateError naming the path before anything is
         written. Blocks first if the previous save still uses the staging buffer.
+
+        Records ``step`` as this rank's progress, and the time it blocks as a paused phase
+        (hyperpod_agent.progress): a job whose only steps are its saves is watched for hangs.
         """
         if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 10**10:
             raise CheckpointError(f"step must be an int in [0, 1e10), got {step!r}")
+        progress.step(step)
+        with progress.paused("checkpoint save"):
+            return self._stage(step, state)
+
+    def _stage(self, step: int, state: Any) -> SaveHandle:
         t0 = time.perf_counter()
         skeleton, leaves = flatten(state)
         with self._lock:
@@ -263,15 +272,17 @@ class Checkpointer:
         with self._lock:
             last = self._last
             running = self._uploads.running()
-        if last is not None:
-            last.wait()
-        for f in running:
-            f.result()
+        with progress.paused("checkpoint save"):
+            if last is not None:
+                last.wait()
+            for f in running:
+                f.result()
 
     def close(self) -> None:
         """Finish pending saves and stop the replica server if this object hosts one."""
-        self._workers.shutdown(wait=True)
-        self._uploads.close()
+        with progress.paused("checkpoint save"):
+            self._workers.shutdown(wait=True)
+            self._uploads.close()
         self._pool.close()
         if self._replica is not None:
             self._replica.close()
@@ -470,11 +481,13 @@ class Checkpointer:
         (default: when torch.distributed is initialized) all ranks settle on the oldest step any
         of them could restore, so a rank that had to fall back does not leave the others ahead.
         """
-        restored = loader.load_latest(self, template, agree)
+        with progress.paused("checkpoint load"):
+            restored = loader.load_latest(self, template, agree)
         if restored is not None and self.rank == 0:
             self.persistent.note_resume(restored[0])
         return restored
 
     def load(self, step: int, template: Any = None) -> Any:
         """Restore one given step; raise CheckpointError if no tier holds it intact."""
-        return loader.load_step(self, step, template)
+        with progress.paused("checkpoint load"):
+            return loader.load_step(self, step, template)

@@ -6,6 +6,7 @@ import os
 import time
 from concurrent.futures import Future
 
+from hyperpod_agent import progress
 from hyperpod_agent.checkpoint.errors import CheckpointError
 
 
@@ -50,11 +51,13 @@ class SaveHandle:
 
     def wait(self, timeout: float | None = None) -> dict[str, str]:
         """Block until durable; return tier -> "ok" (or "skipped: why" for a tier this save
-        did not write). Raise CheckpointError if a tier failed."""
+        did not write). Raise CheckpointError if a tier failed. The wait is a paused
+        phase of this rank's progress (hyperpod_agent.progress)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        tiers = self._future.result(timeout)
-        for f in self._uploads:
-            f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with progress.paused("checkpoint save"):
+            tiers = self._future.result(timeout)
+            for f in self._uploads:
+                f.result(None if deadline is None else max(0.0, deadline - time.monotonic()))
         tiers = dict(tiers)
         failed = {t: s for t, s in tiers.items() if s != "ok" and not s.startswith(SKIPPED)}
         if failed:

@@ -7,18 +7,18 @@ nobody else could replace it (every directory above it is owned by root or by us
 that others may write has the sticky bit). Otherwise another user could read our state,
 hand us theirs, or pre-create a future job's directory. A persistent directory inside a
 world-writable parent (a ``checkpoint_root`` of mode 1777) gets the same checks.
+How such a root is made (``prepare_shared_root``) is shared with the progress records
+(hyperpod_agent/shared_root.py).
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from pathlib import Path
 
 from hyperpod_agent.checkpoint.errors import CheckpointStorageError
-
-log = logging.getLogger(__name__)
+from hyperpod_agent.shared_root import prepare_shared_root as prepare_shared_root
 
 
 class UnsafeDirectoryError(CheckpointStorageError):
@@ -119,36 +119,3 @@ def persistent_dir(path: Path, what: str = "persistent tier") -> Path:
         )
     _make_mine(path, what, private=False)
     return path
-
-
-def prepare_shared_root(path: Path) -> None:
-    """As root: make ``path`` a real directory owned by root with mode 1777 (like /tmp), so
-    every user can create a private job directory in it and nobody can remove another's.
-
-    Whatever a user left there first (a symbolic link, a file, a directory of their own)
-    is replaced or taken over. Raises OSError if that fails.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        log.warning("memory root %s was not a directory; replacing it", path)
-        os.unlink(path)  # a planted symbolic link goes, not what it points to
-        st = None
-    if st is None:
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass  # raced: checked through the descriptor below
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        st = os.fstat(fd)
-        if st.st_uid != 0 or st.st_gid != 0:
-            log.warning("memory root %s belonged to uid %d; taking it over", path, st.st_uid)
-            os.fchown(fd, 0, 0)
-        if stat.S_IMODE(st.st_mode) != 0o1777:
-            os.fchmod(fd, 0o1777)
-    finally:
-        os.close(fd)

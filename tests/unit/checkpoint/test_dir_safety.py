@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -28,12 +25,9 @@ REPO = Path(__file__).parents[3]
 
 
 @pytest.fixture
-def base() -> Iterator[Path]:
-    """A directory every user can reach (pytest's own tmp_path is private to root)."""
-    d = Path(tempfile.mkdtemp(prefix="hp-ckpt-perms-"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
+def base(shared_tmp: Path) -> Path:
+    """A directory every user can reach."""
+    return shared_tmp
 
 
 @pytest.fixture
