@@ -114,7 +114,8 @@ class _Writer:
                 return True
             if self.since_step >= 0:
                 self.since_step += _monotonic() - self.pause_t0
-            self._write_pause(0, 0.0, b"")
+            # pause_since keeps when the phase ended: the clock of a hang restarts there.
+            self._write_pause(0, _time(), b"")
             return True
 
     def _write_pause(self, paused: int, since: float, reason: bytes) -> None:

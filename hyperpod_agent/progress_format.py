@@ -20,7 +20,8 @@ Layout (little-endian, ``SIZE`` bytes)::
     40  d   created_at (epoch s)
     48  q   step: the last finished step (-1: none yet)
     56  d   step_at: when it finished (epoch s; 0: none)
-    64  d   pause_since (epoch s; 0: not paused)
+    64  d   pause_since (epoch s): when the current paused phase began, or when the last
+            one ended while not paused (a hang's clock restarts there); 0: never paused
     72  56s pause reason (ASCII, NUL-padded)
     128 d   hang_factor override (0: the controller's)
     136 d   hang_min_s override (0: the controller's)

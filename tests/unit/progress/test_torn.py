@@ -37,7 +37,7 @@ while time.monotonic() < deadline and len(errors) < 5:
     # What the writer keeps true at every step (see the test): a torn copy breaks it.
     if r.total != r.step or len(r.durations) != min(r.total, fmt.RING):
         errors.append(f"step {r.step} total {r.total} durations {len(r.durations)}")
-    if r.paused != (r.pause_reason == f"p{r.step}") or r.paused != (r.pause_since > 0):
+    if r.paused != (r.pause_reason == f"p{r.step}") or (r.paused and not r.pause_since > 0):
         errors.append(f"step {r.step} paused {r.paused} {r.pause_reason!r} {r.pause_since}")
     if last is not None and (r.step < last.step or r.step_at < last.step_at):
         errors.append(f"went back: step {last.step} -> {r.step}")
