@@ -21,6 +21,8 @@ Options for hang and straggler drills, off by default (the lines above stay the 
     --sync-timeout S    how long a rank waits for the others at a step (1800 s), then
                         exits 1 naming the missing ranks, as a collective's timeout would
     --slow-rank R --slow-factor F    rank R's steps take F times --step-time
+    --pause-at N --pause-for S       after step N, every rank spends S seconds in a
+                        paused phase ("evaluation"), as an evaluation loop would
 """
 
 from __future__ import annotations
@@ -109,7 +111,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sync-timeout", type=float, default=1800.0, metavar="S")
     parser.add_argument("--slow-rank", type=int, metavar="R")
     parser.add_argument("--slow-factor", type=float, metavar="F")
+    parser.add_argument("--pause-at", type=int, metavar="N")
+    parser.add_argument("--pause-for", type=float, default=0.0, metavar="S")
     args = parser.parse_args()
+    if args.pause_for < 0:
+        parser.error("--pause-for: must be >= 0")
     if args.sync_timeout <= 0:
         parser.error("--sync-timeout: must be > 0")
     if args.slow_factor is not None and args.slow_factor <= 0:
@@ -156,6 +162,9 @@ def main() -> int:
                 return 1
         progress.step(step)
         say(f"step={step} loss={float(np.mean(err**2)):.5f}")
+        if step == args.pause_at:
+            with progress.paused("evaluation"):
+                time.sleep(args.pause_for)
         if step % args.ckpt_every == 0:
             ckpt.save(step, {"w": w, "step": np.int64(step)})
     ckpt.wait()

@@ -191,17 +191,21 @@ def reboot_sh(shape: Shape, python: str) -> str:
 
 def task_prolog_sh(shape: Shape) -> str:
     """TaskProlog: every fake node shares this machine's /dev/shm, so give each node
-    its own checkpoint memory tier and progress records, as separate hosts would have."""
+    its own checkpoint memory tier and progress records, as separate hosts would have.
+    A value under our own roots came from another node (srun inside a batch script
+    passes the batch step's environment on): it is rewritten for this node; a value
+    the user chose elsewhere wins."""
     root = shlex.quote(str(shape.memory_root))
     progress = shlex.quote(str(shape.progress_root))
     return (
         "#!/bin/sh\n"
-        'if [ -z "$HYPERPOD_CHECKPOINT_MEMORY_DIR" ]; then\n'
-        f'  echo "export HYPERPOD_CHECKPOINT_MEMORY_DIR={root}/$(hostname)/$SLURM_JOB_ID"\n'
-        "fi\n"
-        'if [ -z "$HYPERPOD_PROGRESS_DIR" ]; then\n'
-        f'  echo "export HYPERPOD_PROGRESS_DIR={progress}/$(hostname)"\n'
-        "fi\n"
+        'case "$HYPERPOD_CHECKPOINT_MEMORY_DIR" in\n'
+        f'  ""|{root}/*)\n'
+        f'    echo "export HYPERPOD_CHECKPOINT_MEMORY_DIR={root}/$(hostname)/$SLURM_JOB_ID" ;;\n'
+        "esac\n"
+        'case "$HYPERPOD_PROGRESS_DIR" in\n'
+        f'  ""|{progress}/*) echo "export HYPERPOD_PROGRESS_DIR={progress}/$(hostname)" ;;\n'
+        "esac\n"
         "exit 0\n"
     )
 

@@ -66,13 +66,38 @@ def test_each_node_gets_its_own_checkpoint_memory_tier() -> None:
     assert "TaskProlog=/x/c/hooks/task_prolog.sh" in render.slurm_conf(s, "head")
     text = render.task_prolog_sh(s)
     assert f"{s.memory_root}/$(hostname)/$SLURM_JOB_ID" in text
-    assert 'if [ -z "$HYPERPOD_CHECKPOINT_MEMORY_DIR" ]' in text  # the user's choice wins
+    assert 'case "$HYPERPOD_CHECKPOINT_MEMORY_DIR" in' in text  # the user's choice wins
     assert str(s.memory_root).startswith("/dev/shm/") and "17000" in str(s.memory_root)
+
+
+def test_the_prolog_rewrites_another_nodes_value_and_keeps_the_users(tmp_path: Path) -> None:
+    import subprocess
+
+    s = shape()
+    script = tmp_path / "prolog.sh"
+    script.write_text(render.task_prolog_sh(s))
+
+    def run(env: dict[str, str]) -> str:
+        res = subprocess.run(
+            ["sh", str(script)],
+            env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", **env},
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return res.stdout
+
+    host = subprocess.run(["hostname"], capture_output=True, text=True).stdout.strip()
+    batch = {"HYPERPOD_PROGRESS_DIR": f"{s.progress_root}/node1"}  # from the batch step
+    assert f"export HYPERPOD_PROGRESS_DIR={s.progress_root}/{host}" in run(batch)
+    assert "HYPERPOD_PROGRESS_DIR" not in run({"HYPERPOD_PROGRESS_DIR": "/mine"})
+    out = run({"HYPERPOD_CHECKPOINT_MEMORY_DIR": f"{s.memory_root}/node1/7"})
+    assert f"export HYPERPOD_CHECKPOINT_MEMORY_DIR={s.memory_root}/{host}/7" in out
 
 
 def test_each_node_gets_its_own_progress_records() -> None:
     s = shape()
     text = render.task_prolog_sh(s)
     assert f"export HYPERPOD_PROGRESS_DIR={s.progress_root}/$(hostname)" in text
-    assert 'if [ -z "$HYPERPOD_PROGRESS_DIR" ]' in text
+    assert 'case "$HYPERPOD_PROGRESS_DIR" in' in text
     assert s.progress_root != s.memory_root and "17000" in str(s.progress_root)

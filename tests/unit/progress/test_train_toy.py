@@ -219,9 +219,20 @@ def test_a_slow_rank_takes_factor_times_longer(ranks: Launcher) -> None:
     assert min(slow.durations) >= 0.2 and min(normal.durations) >= 0.05
 
 
+def test_pause_at_spends_a_paused_phase_after_that_step(ranks: Launcher) -> None:
+    r = ranks(1).start("--steps", "100000", "--ckpt-every", "100000", "--step-time", "0.01",
+                       "--pause-at", "3", "--pause-for", "30")  # fmt: skip
+    r.wait_step(0, 3)
+    deadline = time.monotonic() + 10
+    while not (rec := r.record(0)).paused and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert rec.paused and rec.pause_reason == "evaluation" and rec.step == 3
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--pause-at", "3", "--pause-for", "-1"], "--pause-for: must be >= 0"),
         (["--slow-factor", "0", "--slow-rank", "0"], "--slow-factor: must be > 0"),
         (["--sync-timeout", "-1", "--sync", "/tmp"], "--sync-timeout: must be > 0"),
         (["--slow-factor", "2"], "--slow-factor needs --slow-rank"),
