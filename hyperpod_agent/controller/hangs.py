@@ -101,9 +101,12 @@ class _Rank:
         return max(self.rank.step_at or 0.0, self.rank.pause_since or 0.0)
 
 
-def _ranks(job: Job, snap: Snapshot, skew: float) -> list[_Rank]:
-    """The job's ranks on its own nodes, from this run of the job."""
-    start = job.start_time.timestamp() - skew if job.start_time is not None else 0.0
+def _ranks(job: Job, snap: Snapshot) -> list[_Rank]:
+    """The job's ranks on its own nodes, from this run of the job: activity at or after
+    its start. No allowance for clock skew: a new rank whose clock runs behind is left
+    out until its first step, while one allowance wide enough for skew would let the
+    records of the run before (a requeued job starting again) be judged as this one's."""
+    start = job.start_time.timestamp() if job.start_time is not None else 0.0
     out = []
     for name in job.nodes:
         health = snap.health.get(name)
@@ -189,9 +192,7 @@ def _stragglers(job: Job, ranks: list[_Rank], cfg: ProgressConfig) -> Iterator[S
             yield Straggler(job.job_id, job.restart_count, node, ratio, mine, others, steps[node])
 
 
-def judge(
-    snap: Snapshot, cfg: ProgressConfig, now: float, skew: float = 0.0
-) -> tuple[list[Hang], list[Straggler]]:
+def judge(snap: Snapshot, cfg: ProgressConfig, now: float) -> tuple[list[Hang], list[Straggler]]:
     """Current hangs (``declared`` set on those declared before) and stragglers not
     declared before, over the running jobs."""
     if not cfg.enabled:
@@ -202,7 +203,7 @@ def judge(
     for job in sorted(snap.jobs, key=lambda j: j.job_id):
         if job.state.upper() != "RUNNING":
             continue
-        ranks = _ranks(job, snap, skew)
+        ranks = _ranks(job, snap)
         if not ranks:
             continue  # a job that does not report progress is never judged
         hang = _hang(job, ranks, snap, cfg, now)

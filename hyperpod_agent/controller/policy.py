@@ -319,7 +319,7 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
     """Plan this pass's actions from the snapshot. Pure."""
     ctx = _Ctx(snap, config, now)
     planned, events = _plan_nodes(ctx)
-    hangs, stragglers = hang_rules.judge(snap, config.progress, now, config.policy.clock_skew_s)
+    hangs, stragglers = hang_rules.judge(snap, config.progress, now)
     found, hung = hang_plan.plan(snap, config, hangs, stragglers, ctx.owner, ctx.busy)
     planned += found
     planned, shared = safety.shared_causes(

@@ -292,3 +292,13 @@ def test_a_step_time_that_grows_slowly_is_never_a_hang() -> None:
             "node2": [rank(1, at=NOW - idle, p95=p95, median=median, window=len(window))],
         }
         assert judge(training(ranks), config().progress, NOW)[0] == [], i
+
+
+def test_a_requeued_job_starting_again_is_not_judged_on_the_last_runs_records() -> None:
+    # Running again for 3 s, its new ranks not yet recording; the records of the run
+    # before (its frozen rank now gone) are 13 s old, past the 5 s limit.
+    ranks = {"node1": [rank(0, at=NOW - 13)], "node2": [rank(1, at=NOW - 13.5, state="gone")]}
+    snap = training(ranks)
+    restarted = replace(snap.jobs[0], start_time=ts(NOW - 3), restart_count=1)
+    snap = replace(snap, jobs=[restarted])
+    assert decide(snap, config(), NOW).actions == []
