@@ -145,6 +145,10 @@ class ProgressConfig(BaseModel):
         default=0.20, gt=0, le=100, description="a node this much slower than the job's median"
     )
     straggler_min_steps: int = Field(default=20, ge=2, le=1024)
+    straggler_hold_after_job: bool = Field(
+        default=False,
+        description="hold a straggler node for inspection once its job ended (never mid-job)",
+    )
 
 
 class ControllerConfig(BaseModel):

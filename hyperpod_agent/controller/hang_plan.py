@@ -10,7 +10,9 @@
 - A hung job that is not auto-resume: the event and the metric, and a cancel when
   ``progress.cancel_unmanaged`` says so.
 - A straggler: the event (and its count toward the node's lemon score); never an
-  action mid-job.
+  action mid-job. With ``progress.straggler_hold_after_job``, once its job no longer
+  runs on it, the node is held for inspection (``hyperpod:hold job<J> straggler …``,
+  never resumed by us), once: not again after an admin resumed it.
 """
 
 from __future__ import annotations
@@ -72,6 +74,45 @@ def _suspect_actions(
     return out
 
 
+def _hold_stragglers(
+    snap: Snapshot,
+    config: ControllerConfig,
+    owner: Callable[[Node], Owner],
+    busy: Collection[str],
+    now: float,
+) -> list[PlannedAction]:
+    if not config.progress.straggler_hold_after_job:
+        return []
+    since = now - config.policy.escalation_window_s  # what snap.done covers
+    jobs = {j.job_id: j for j in snap.jobs}
+    out: list[PlannedAction] = []
+    for f in snap.findings:
+        if f.kind != "straggler" or f.at < since or any(a.node == f.node for a in out):
+            continue
+        job = jobs.get(f.job_id)
+        if job is not None and job.state.upper() == "RUNNING" and f.node in job.nodes:
+            continue  # never mid-job
+        node = snap.nodes.get(f.node)
+        if node is None or f.node in busy or node.drained or owner(node) is not Owner.NONE:
+            continue
+        if any(
+            a.node == f.node and a.kind in ("hold", "drain") and a.updated_at >= f.at
+            for a in snap.done
+        ):
+            continue  # held once for it already (an admin resumed it since)
+        why = f"straggled in job {f.job_id}"
+        out.append(
+            PlannedAction(
+                Kind.HOLD,
+                f.node,
+                format_reason(Verb.HOLD, f"job{f.job_id}", "straggler", why),
+                f"straggler held for inspection after job {f.job_id}: {f.detail}",
+                takes_out=True,
+            )
+        )
+    return out
+
+
 def plan(
     snap: Snapshot,
     config: ControllerConfig,
@@ -79,6 +120,7 @@ def plan(
     stragglers: list[Straggler],
     owner: Callable[[Node], Owner],
     busy: Collection[str],
+    now: float,
 ) -> tuple[list[PlannedAction], dict[int, str]]:
     """(this pass's actions, job id -> hang cause for the auto-resume jobs to recover)."""
     actions: list[PlannedAction] = []
@@ -113,4 +155,5 @@ def plan(
             )
     for s in stragglers:
         actions.append(_finding("straggler", s.job_id, s.restart_count, s.describe(), node=s.node))
+    actions += _hold_stragglers(snap, config, owner, busy, now)
     return actions, hung

@@ -320,7 +320,7 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
     ctx = _Ctx(snap, config, now)
     planned, events = _plan_nodes(ctx)
     hangs, stragglers = hang_rules.judge(snap, config.progress, now)
-    found, hung = hang_plan.plan(snap, config, hangs, stragglers, ctx.owner, ctx.busy)
+    found, hung = hang_plan.plan(snap, config, hangs, stragglers, ctx.owner, ctx.busy, now)
     planned += found
     planned, shared = safety.shared_causes(
         planned, snap.open_faults, snap.burst_peers, config.policy, now

@@ -302,3 +302,43 @@ def test_a_requeued_job_starting_again_is_not_judged_on_the_last_runs_records() 
     restarted = replace(snap.jobs[0], start_time=ts(NOW - 3), restart_count=1)
     snap = replace(snap, jobs=[restarted])
     assert decide(snap, config(), NOW).actions == []
+
+
+# -- holding a straggler once its job ended -------------------------------------------
+def straggled(job_state: str = "COMPLETED", **progress: object) -> Snapshot:
+    finding = FindingRow(1, "straggler", JOB, 0, "node2", -1, "node2 straggles", NOW - 60)
+    snap = training({"node1": [rank(0)], "node2": [rank(1)]}, findings=(finding,))
+    ended = replace(snap.jobs[0], state=job_state)
+    return replace(snap, jobs=[ended])
+
+
+def held(snap: Snapshot, **progress: object) -> list[tuple[str, object]]:
+    return kinds(decide(snap, config(progress=progress), NOW))
+
+
+def test_a_straggler_is_held_once_its_job_ended_when_configured() -> None:
+    assert held(straggled()) == []  # off by default
+    [(kind, name)] = held(straggled(), straggler_hold_after_job=True)
+    assert (kind, name) == ("hold", "node2")
+    [action] = decide(straggled(), config(progress={"straggler_hold_after_job": True}), NOW).actions
+    assert action.reason.startswith(f"hyperpod:hold job{JOB} straggler ")
+
+
+def test_a_straggler_is_never_held_mid_job() -> None:
+    assert held(straggled("RUNNING"), straggler_hold_after_job=True) == []
+
+
+def test_a_straggler_held_and_resumed_by_an_admin_is_not_held_again() -> None:
+    from ctl_helpers import action_row
+
+    snap = straggled()
+    done = action_row("hold", "node2", updated_at=NOW - 30)
+    assert held(replace(snap, done=[done]), straggler_hold_after_job=True) == []
+
+
+def test_a_straggler_someone_else_drained_is_left_alone() -> None:
+    snap = straggled()
+    snap = replace(
+        snap, nodes={**snap.nodes, "node2": node("node2", flags=("DRAIN",), reason="bad dimm")}
+    )
+    assert held(snap, straggler_hold_after_job=True) == []
