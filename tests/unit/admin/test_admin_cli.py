@@ -360,3 +360,28 @@ def test_a_config_others_may_change_is_refused_with_exit_3(stub: Stub) -> None:
         "others (mode 0666)\n"
     )
     assert stub.seen == []
+
+
+STRAGGLER = {
+    "kind": "straggler",
+    "job_id": 42,
+    "restart_count": 0,
+    "node": "node2",
+    "step": -1,
+    "at": "2026-11-24T10:00:00Z",
+    "detail": "node2 straggles in job 42: median step 0.700 s vs 0.500 s (+40%)",
+}
+HANG = {**STRAGGLER, "kind": "hang", "node": "", "step": 120, "detail": "job 42 hung: ..."}
+
+
+def test_jobs_and_node_show_name_hangs_and_stragglers(stub: Stub) -> None:
+    stub.answer("GET", "/v1/jobs", 200, [{**JOB, "findings": [STRAGGLER, HANG]}])
+    listing = run(stub, jobs)
+    assert listing.exit_code == 0, listing.output
+    assert "FOUND" in listing.output.splitlines()[0]
+    assert "straggler:node2 hang@120" in listing.output
+    detail = {**NODES[1], "faults": [], "findings": [STRAGGLER], "actions": [], "report": None}
+    stub.answer("GET", "/v1/nodes/node3", 200, detail)
+    shown = run(stub, node, "show", "node3")
+    assert shown.exit_code == 0, shown.output
+    assert "Hangs and stragglers:" in shown.output and "(+40%)" in shown.output
