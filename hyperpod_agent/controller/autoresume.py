@@ -50,18 +50,31 @@ def _serious(fault: FaultRow) -> bool:
 def _faulty_nodes(
     job: Job, snap: Snapshot, now: float, window: float, faults: Mapping[str, Sequence[FaultRow]]
 ) -> list[str]:
-    """Nodes of the job that had a fault within the window, or are out by us or dead."""
+    """Nodes of the job that had a fault within the window of its end, or are out by us
+    or dead. Measured from the job's end, not from now: Slurm keeps an ended job in
+    view for minutes, and a fault that turns up on its node long after it failed did
+    not cause the failure (nor may it resurrect the job)."""
+    end = job.end_time.timestamp() if job.end_time is not None else now
+
+    def near(f: FaultRow) -> bool:
+        during = f.first_seen <= end + window
+        return during and (f.closed_at is None or f.last_seen >= end - window) and _serious(f)
+
     bad = []
     for name in job.nodes:
         node = snap.nodes.get(name)
-        recent = any(
-            f.node == name and f.last_seen >= now - window and _serious(f) for f in snap.history
+        recent = any(f.node == name and near(f) for f in snap.history)
+        drained_by_us = (
+            node is not None
+            and node.drained
+            and parse_reason(node.reason) is not None
+            and (node.reason_time is None or node.reason_time.timestamp() <= end + window)
         )
         if (
-            any(_serious(f) for f in faults.get(name, ()))
+            any(near(f) for f in faults.get(name, ()))
             or recent
             or (node is not None and not node.responding)
-            or (node is not None and node.drained and parse_reason(node.reason) is not None)
+            or drained_by_us
         ):
             bad.append(name)
     return bad

@@ -259,6 +259,10 @@ class Drill:
         def left() -> float:
             return max(1.0, deadline - time.monotonic())
 
+        # Drills are about nodes: a job an earlier test left in view (an auto-resume
+        # job Slurm still shows as FAILED) would turn a reboot into a replacement.
+        for job in self.slurm.list_jobs(all_states=False):
+            self.slurm.cancel(job.job_id)
         for name in self.all_nodes:
             self.heal_gpus(name)
             self.set_link(name, True)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
-from ctl_helpers import NOW, action_row, cluster, config, fault, healthy, job, node
+from ctl_helpers import NOW, action_row, cluster, config, fault, healthy, job, node, ts
 
 from hyperpod_agent.controller.autoresume import cap_of, plan
 from hyperpod_agent.controller.snapshot import Kind, NodeHealth, Snapshot
@@ -101,6 +101,28 @@ CASES = [
         [job(7, state="FAILED", nodes=("node2",), exit_code=1)],
         [("not_retried", 7)],
         history=[fault("node2", first_seen=NOW - 5000, closed_at=NOW - 4000, last_seen=NOW - 4000)],
+    ),
+    Case(
+        "FAILED long before a fault on its node appeared -> not retried",
+        [replace(job(7, state="FAILED", nodes=("node2",), exit_code=1), end_time=ts(NOW - 900))],
+        [("not_retried", 7)],
+        open_faults=[fault("node2", first_seen=NOW - 5)],
+    ),
+    Case(
+        "FAILED, its node's fault reported just after the failure -> requeue",
+        [replace(job(7, state="FAILED", nodes=("node2",), exit_code=1), end_time=ts(NOW - 20))],
+        [("requeue", 7)],
+        open_faults=[fault("node2", first_seen=NOW - 5)],
+    ),
+    Case(
+        "FAILED long before we drained its node -> not retried",
+        [replace(job(7, state="FAILED", nodes=("node2",), exit_code=1), end_time=ts(NOW - 900))],
+        [("not_retried", 7)],
+        changes={
+            "node2": node(
+                "node2", flags=("DRAIN",), reason="hyperpod:reboot gpu0 x", reason_time=NOW - 5
+            )
+        },
     ),
     Case(
         "FAILED on a node we drained -> requeue",
