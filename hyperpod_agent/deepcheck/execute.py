@@ -27,6 +27,9 @@ DEFAULT_OUTPUT_LIMIT = 4 * 1024 * 1024
 # once the tool has exited and its group is killed, how long its pipes may stay open
 # (held by a process that left the group) before we stop reading them
 _DRAIN_S = 1.0
+# how long SIGKILLed members of the group may take to die; one stuck in the kernel (a
+# hung driver call) may never, and is then reported rather than waited for
+_DEATH_S = 5.0
 _CHUNK = 65536
 
 
@@ -42,6 +45,34 @@ class Execution:
     timed_out: bool = False
     truncated: bool = False
     error: str | None = None
+    # processes of the tool's group still alive after SIGKILL and a wait
+    survivors: tuple[int, ...] = ()
+
+
+def group_members(pgid: int, proc_root: str = "/proc") -> list[int]:
+    """The live processes of process group ``pgid`` (zombies are dead: they only wait to
+    be reaped)."""
+    members = []
+    for entry in os.scandir(proc_root):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"{proc_root}/{entry.name}/stat", encoding="ascii", errors="replace") as fh:
+                stat = fh.read()
+        except OSError:
+            continue  # exited while we looked
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _wait_group_dead(pgid: int, deadline: float) -> list[int]:
+    while True:
+        members = group_members(pgid)
+        if not members or time.monotonic() >= deadline:
+            return members
+        time.sleep(0.01)
 
 
 class StartError(Exception):
@@ -164,6 +195,11 @@ class Process:
 
     # --- public -----------------------------------------------------------------------
 
+    @property
+    def pid(self) -> int:
+        """The tool's pid, which is also its process group's id."""
+        return self._proc.pid
+
     def wait_for(self, text: str, deadline: float) -> bool:
         """Collect output until ``text`` appears on stdout (True), or the tool exits or
         the deadline passes (False)."""
@@ -179,6 +215,11 @@ class Process:
                 self._signal_group(signal.SIGTERM)
                 self._pump(time.monotonic() + kill_grace_s)
             self._signal_group(signal.SIGKILL)
+            # SIGKILL is delivered asynchronously: the check is over only once nothing
+            # of it runs any more
+            survivors = _wait_group_dead(self._proc.pid, time.monotonic() + _DEATH_S)
+            if survivors:
+                log.warning("%s: pids %s survived SIGKILL", self.argv[0], survivors)
             self._drain(time.monotonic() + _DRAIN_S)
             returncode = self._proc.wait()
         except BaseException:
@@ -197,6 +238,7 @@ class Process:
             duration_s=time.monotonic() - self._started,
             timed_out=timed_out,
             truncated=self._truncated,
+            survivors=tuple(survivors),
         )
 
     def _close(self) -> None:

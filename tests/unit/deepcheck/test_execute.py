@@ -5,32 +5,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.deepcheck.execute import run, start
+from hyperpod_agent.deepcheck.execute import group_members, run, start
 
 ENV = {"PATH": "/usr/bin:/bin"}
-
-
-def gone(pid: int) -> bool:
-    """The process no longer runs: no /proc entry, or a zombie nobody reaped yet (a
-    killed grandchild waits there for init)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return True
-    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
-
-
-def wait_for_file(path: Path, timeout: float = 10.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} was not written")
 
 
 def test_captures_stdout_stderr_and_exit_status() -> None:
@@ -76,7 +58,9 @@ def test_output_is_bounded_and_the_tool_is_not_blocked() -> None:
     assert result.stderr == "done\n"
 
 
-def test_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
+def test_time_limit_kills_the_whole_process_group(
+    tmp_path: Path, gone: Callable[[int], bool]
+) -> None:
     pids = tmp_path / "pids"
     script = f"sleep 300 & echo $$ $! > {pids}; echo started; wait"
     result = run(["sh", "-c", script], timeout_s=1, env=ENV, kill_grace_s=0.5)
@@ -86,7 +70,9 @@ def test_time_limit_kills_the_whole_process_group(tmp_path: Path) -> None:
         assert gone(pid), pid
 
 
-def test_a_tool_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+def test_a_tool_that_ignores_sigterm_is_killed_after_the_grace(
+    tmp_path: Path, gone: Callable[[int], bool]
+) -> None:
     pids = tmp_path / "pids"
     script = f"trap '' TERM; sleep 300 & echo $$ $! > {pids}; while :; do wait; done"
     result = run(["sh", "-c", script], timeout_s=1, env=ENV, kill_grace_s=0.3)
@@ -95,7 +81,9 @@ def test_a_tool_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -
         assert gone(pid), pid
 
 
-def test_leftover_children_die_when_the_tool_exits(tmp_path: Path) -> None:
+def test_leftover_children_die_when_the_tool_exits(
+    tmp_path: Path, gone: Callable[[int], bool]
+) -> None:
     # the background sleep keeps stdout open; the run still ends with the leader
     pids = tmp_path / "pids"
     script = f"sleep 300 & echo $! > {pids}; echo done"
@@ -132,3 +120,25 @@ def test_no_file_descriptor_leaks() -> None:
     for _ in range(5):
         run(["sh", "-c", "echo x"], timeout_s=10, env=ENV)
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_group_members_reads_the_process_table(tmp_path: Path) -> None:
+    def proc(pid: str, stat: str) -> None:
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "stat").write_text(stat)
+
+    proc("100", "100 (sleep) S 1 42 42 0 -1 4194304 97 0 0 0")
+    proc("101", "101 (odd) name) S 1 42 42 0 -1")  # ")" in the command name
+    proc("102", "102 (zombie) Z 1 42 42 0 -1")
+    proc("103", "103 (other) S 1 7 7 0 -1")
+    (tmp_path / "self").mkdir()
+    (tmp_path / "104").mkdir()  # exited between listing and reading
+    assert sorted(group_members(42, proc_root=str(tmp_path))) == [100, 101]
+
+
+def test_group_members_finds_a_real_group() -> None:
+    proc = start(["sh", "-c", "sleep 30 & echo up; wait"], env=ENV)
+    assert proc.wait_for("up", deadline=time.monotonic() + 10)
+    assert len(group_members(proc.pid)) == 2  # sh and its sleep
+    proc.finish(deadline=time.monotonic())
+    assert group_members(proc.pid) == []
