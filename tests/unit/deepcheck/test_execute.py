@@ -63,7 +63,7 @@ def test_time_limit_kills_the_whole_process_group(
 ) -> None:
     pids = tmp_path / "pids"
     script = f"sleep 300 & echo $$ $! > {pids}; echo started; wait"
-    result = run(["sh", "-c", script], timeout_s=1, env=ENV, kill_grace_s=0.5)
+    result = run(["sh", "-c", script], timeout_s=3, env=ENV, kill_grace_s=0.5)
     assert result.timed_out and result.returncode is None
     assert result.stdout == "started\n"
     for pid in map(int, pids.read_text().split()):
@@ -75,7 +75,7 @@ def test_a_tool_that_ignores_sigterm_is_killed_after_the_grace(
 ) -> None:
     pids = tmp_path / "pids"
     script = f"trap '' TERM; sleep 300 & echo $$ $! > {pids}; while :; do wait; done"
-    result = run(["sh", "-c", script], timeout_s=1, env=ENV, kill_grace_s=0.3)
+    result = run(["sh", "-c", script], timeout_s=3, env=ENV, kill_grace_s=0.3)
     assert result.timed_out
     for pid in map(int, pids.read_text().split()):
         assert gone(pid), pid

@@ -96,10 +96,12 @@ def test_missing_binary_behind_a_launcher_is_named(fakes: Fakes) -> None:
 
 def test_hung_tool_is_killed_at_its_time_limit(fakes: Fakes, gone: Callable[[int], bool]) -> None:
     fakes.write({"pid_file": str(fakes.pid_file), "defaults": {"dcgmi": {"hang": True}}})
-    check = {**DCGM, "timeout_s": 2}
+    # A limit well past the fake's start-up (about 0.3 s; seconds on a loaded machine),
+    # so it has written its pids and started its child before it is killed.
+    check = {**DCGM, "timeout_s": 6}
     (dcgm,) = run_suite(suite(check, kill_grace_s=0.5), "quick", env=fakes.env()).results
     assert dcgm.outcome is CheckOutcome.UNKNOWN
-    assert dcgm.cause == "timed out after 2 s"
+    assert dcgm.cause == "timed out after 6 s"
     pids = fakes.pids()
     assert len(pids) == 2  # the fake and the child it started in its group
     assert all(gone(pid) for pid in pids)
@@ -114,9 +116,9 @@ def test_hung_tool_ignoring_sigterm_is_killed_too(
             "defaults": {"stress-ng": {"hang": True, "ignore_sigterm": True}},
         }
     )
-    check = {**STRESS, "duration_s": 1, "timeout_s": 2}
+    check = {**STRESS, "duration_s": 1, "timeout_s": 6}
     (stress,) = run_suite(suite(check, kill_grace_s=0.2), "quick", env=fakes.env()).results
-    assert stress.cause == "timed out after 2 s"
+    assert stress.cause == "timed out after 6 s"
     assert all(gone(pid) for pid in fakes.pids())
 
 
