@@ -1,0 +1,3 @@
+from hyperpod_agent.deepcheck.cli import main
+
+main()
