@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Query, Request
@@ -22,18 +21,16 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hyperpod_agent.auth import AuthError, Identity, ServerAuth, describe, require_node
+from hyperpod_agent.controller import api_views as views
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.api_guard import Guard, error_response, validation_message
 from hyperpod_agent.controller.api_models import (
     ERROR_CODES,
     Accepted,
     ActionAccepted,
-    ActionOut,
     AdminActionIn,
     ErrorOut,
     EventOut,
-    FaultOut,
-    FindingOut,
     HeartbeatIn,
     JobDetail,
     JobEndedIn,
@@ -50,10 +47,6 @@ from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.snapshot import Kind
 from hyperpod_agent.controller.store_rows import (
-    ActionRow,
-    EventRow,
-    FaultRow,
-    FindingRow,
     NodeRow,
     TrackedJob,
 )
@@ -72,95 +65,6 @@ HTTP_CODES = {
     415: "unsupported_media_type",
     422: "invalid",
 }
-
-
-def _at(value: float) -> datetime:
-    return datetime.fromtimestamp(value, UTC)
-
-
-def _ts(value: float | None) -> datetime | None:
-    return None if value is None else _at(value)
-
-
-def _fault(f: FaultRow) -> FaultOut:
-    return FaultOut(
-        id=f.id,
-        component=f.component,
-        code=f.code,
-        severity=f.severity,
-        action=f.action,
-        urgent=f.urgent,
-        first_seen=_at(f.first_seen),
-        last_seen=_at(f.last_seen),
-        count=f.count,
-        message=f.message,
-        closed_at=_ts(f.closed_at),
-    )
-
-
-def _finding(f: FindingRow) -> FindingOut:
-    return FindingOut(
-        kind=f.kind,
-        job_id=f.job_id,
-        restart_count=f.restart_count,
-        node=f.node,
-        step=f.step,
-        at=_at(f.at),
-        detail=f.detail,
-    )
-
-
-def _action(a: ActionRow) -> ActionOut:
-    return ActionOut(
-        id=a.id,
-        kind=a.kind,
-        node=a.node,
-        job_id=a.job_id,
-        reason=a.reason,
-        cause=a.cause,
-        state=a.state,
-        attempts=a.attempts,
-        created_at=_at(a.created_at),
-        updated_at=_at(a.updated_at),
-        error=a.error,
-    )
-
-
-def _parse_since(value: str) -> tuple[int, float | None]:
-    """``since`` as (event id, epoch seconds): a number is an id, else an ISO time."""
-    if value.isascii() and value.isdigit():
-        if int(value) > 2**62:
-            raise RequestValidationError(
-                [{"loc": ("query", "since"), "msg": "event id too large", "type": "value_error"}]
-            )
-        return int(value), None
-    try:
-        at = datetime.fromisoformat(value)
-    except ValueError:
-        raise RequestValidationError(
-            [
-                {
-                    "loc": ("query", "since"),
-                    "msg": f"expected an event id or an ISO 8601 time, got {value!r}",
-                    "type": "value_error",
-                }
-            ]
-        ) from None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
-    return 0, at.timestamp()
-
-
-def _event(e: EventRow) -> EventOut:
-    return EventOut(
-        id=e.id,
-        at=_at(e.at),
-        kind=e.kind,
-        node=e.node,
-        job_id=e.job_id,
-        cause=e.cause,
-        message=e.message,
-    )
 
 
 def _identity(request: Request) -> Identity:
@@ -236,7 +140,7 @@ def create_app(
         """Liveness of the controller itself (no authentication)."""
         return {
             "ok": True,
-            "last_pass_at": _ts(controller.last_pass_at),
+            "last_pass_at": views.ts(controller.last_pass_at),
             "schema_version": controller.store.schema_version(),
         }
 
@@ -255,7 +159,7 @@ def create_app(
             dry_run=controller.config.policy.dry_run,
             open_faults=len(controller.store.open_faults()),
             pending_actions=len(controller.store.open_actions()),
-            last_pass_at=_ts(controller.last_pass_at),
+            last_pass_at=views.ts(controller.last_pass_at),
         )
 
     def _node_out(
@@ -274,8 +178,8 @@ def create_app(
             partitions=list(node.partitions) if node else [],
             verdict=row.verdict if row else None,
             agent_id=row.agent_id if row else None,
-            last_report_at=_ts(row.received_at) if row else None,
-            last_heartbeat_at=_ts(
+            last_report_at=views.ts(row.received_at) if row else None,
+            last_heartbeat_at=views.ts(
                 controller.last_heartbeat(name) or (row.heartbeat_at if row else None)
             ),
             open_faults=open_count,
@@ -302,9 +206,9 @@ def create_app(
             row,
             sum(1 for f in history if f.closed_at is None),
             NodeDetail,
-            faults=[_fault(f) for f in history],
-            findings=[_finding(f) for f in controller.store.node_findings(name)],
-            actions=[_action(a) for a in controller.store.node_actions(name)],
+            faults=[views.fault_view(f) for f in history],
+            findings=[views.finding_view(f) for f in controller.store.node_findings(name)],
+            actions=[views.action_view(a) for a in controller.store.node_actions(name)],
             report=row.report_dict() if row else None,
         )
 
@@ -319,9 +223,11 @@ def create_app(
             attempts=t.attempts,
             last_cause=t.last_cause,
             tracking=t.state,
-            last_requeue_at=_ts(t.last_requeue_at),
+            last_requeue_at=views.ts(t.last_requeue_at),
             resumed_from_step=t.resumed_from_step,
-            findings=[_finding(f) for f in controller.store.job_findings(t.job_id, limit=20)],
+            findings=[
+                views.finding_view(f) for f in controller.store.job_findings(t.job_id, limit=20)
+            ],
             **extra,
         )
 
@@ -348,8 +254,8 @@ def create_app(
         return _job_out(
             tracked,
             JobDetail,
-            events=[_event(e) for e in controller.store.events(job_id=job_id, limit=200)],
-            actions=[_action(a) for a in controller.store.job_actions(job_id)],
+            events=[views.event_view(e) for e in controller.store.events(job_id=job_id, limit=200)],
+            actions=[views.action_view(a) for a in controller.store.job_actions(job_id)],
         )
 
     @app.post("/v1/jobs/{job_id}/ended", response_model=JobEndedOut, responses=ERRORS)
@@ -379,9 +285,10 @@ def create_app(
         limit: int = Query(default=100, ge=1, le=1000),
     ) -> list[EventOut]:
         _identity(request)
-        since_id, since_at = _parse_since(since)
+        since_id, since_at = views.parse_since(since)
         return [
-            _event(e) for e in controller.store.events(since_id, node, limit, since_at=since_at)
+            views.event_view(e)
+            for e in controller.store.events(since_id, node, limit, since_at=since_at)
         ]
 
     @app.post(

@@ -1,0 +1,100 @@
+"""The API's views of the controller's store rows (store_rows -> api_models), and the
+parsing of the ``since`` query. Pure conversions, shared by every route in api.py."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fastapi.exceptions import RequestValidationError
+
+from hyperpod_agent.controller.api_models import ActionOut, EventOut, FaultOut, FindingOut
+from hyperpod_agent.controller.store_rows import ActionRow, EventRow, FaultRow, FindingRow
+
+
+def at(value: float) -> datetime:
+    return datetime.fromtimestamp(value, UTC)
+
+
+def ts(value: float | None) -> datetime | None:
+    return None if value is None else at(value)
+
+
+def fault_view(f: FaultRow) -> FaultOut:
+    return FaultOut(
+        id=f.id,
+        component=f.component,
+        code=f.code,
+        severity=f.severity,
+        action=f.action,
+        urgent=f.urgent,
+        first_seen=at(f.first_seen),
+        last_seen=at(f.last_seen),
+        count=f.count,
+        message=f.message,
+        closed_at=ts(f.closed_at),
+    )
+
+
+def finding_view(f: FindingRow) -> FindingOut:
+    return FindingOut(
+        kind=f.kind,
+        job_id=f.job_id,
+        restart_count=f.restart_count,
+        node=f.node,
+        step=f.step,
+        at=at(f.at),
+        detail=f.detail,
+    )
+
+
+def action_view(a: ActionRow) -> ActionOut:
+    return ActionOut(
+        id=a.id,
+        kind=a.kind,
+        node=a.node,
+        job_id=a.job_id,
+        reason=a.reason,
+        cause=a.cause,
+        state=a.state,
+        attempts=a.attempts,
+        created_at=at(a.created_at),
+        updated_at=at(a.updated_at),
+        error=a.error,
+    )
+
+
+def parse_since(value: str) -> tuple[int, float | None]:
+    """``since`` as (event id, epoch seconds): a number is an id, else an ISO time."""
+    if value.isascii() and value.isdigit():
+        if int(value) > 2**62:
+            raise RequestValidationError(
+                [{"loc": ("query", "since"), "msg": "event id too large", "type": "value_error"}]
+            )
+        return int(value), None
+    try:
+        at = datetime.fromisoformat(value)
+    except ValueError:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("query", "since"),
+                    "msg": f"expected an event id or an ISO 8601 time, got {value!r}",
+                    "type": "value_error",
+                }
+            ]
+        ) from None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return 0, at.timestamp()
+
+
+def event_view(e: EventRow) -> EventOut:
+    return EventOut(
+        id=e.id,
+        at=at(e.at),
+        kind=e.kind,
+        node=e.node,
+        job_id=e.job_id,
+        cause=e.cause,
+        message=e.message,
+    )
