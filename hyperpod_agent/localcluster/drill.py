@@ -111,6 +111,14 @@ def submit_training(
     return int(res.stdout.strip().split(";")[0]), out
 
 
+def job_of(cluster: LocalCluster, job_id: int) -> Job:
+    """The job as slurmctld shows it now; an error once slurmctld has forgotten it."""
+    job = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10).job(job_id)
+    if job is None:
+        raise HyperpodError(f"job {job_id} vanished")
+    return job
+
+
 def healthy_gpus(cluster: LocalCluster, node: str) -> None:
     cluster.services.scenario(node).write_text(json.dumps({"generate": 8}) + "\n")
 

@@ -35,26 +35,22 @@ def slurm_of(cluster: LocalCluster) -> SlurmClient:
     return SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
 
 
-def job_of(cluster: LocalCluster, job_id: int) -> Job:
-    job = slurm_of(cluster).job(job_id)
-    assert job is not None, f"job {job_id} vanished"
-    return job
-
-
 def running_with_steps(cluster: LocalCluster, job_id: int, out: Path, steps: int) -> Job:
     drill.wait_for(
         f"job {job_id} to reach step {steps}",
         90,
         lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= steps,
     )
-    return job_of(cluster, job_id)
+    return drill.job_of(cluster, job_id)
 
 
 def finished(cluster: LocalCluster, job_id: int, timeout: float = 180) -> Job:
     return drill.wait_for(
         f"job {job_id} to finish",
         timeout,
-        lambda: (j := job_of(cluster, job_id)).state in ("COMPLETED", "FAILED", "CANCELLED") and j,
+        lambda: (
+            (j := drill.job_of(cluster, job_id)).state in ("COMPLETED", "FAILED", "CANCELLED") and j
+        ),
         interval=0.5,
     )
 
@@ -127,10 +123,10 @@ def test_job_launched_onto_a_node_that_just_died_is_requeued(cluster: LocalClust
     drill.wait_for(
         f"job {job_id} requeued and completed",
         240,
-        lambda: (j := job_of(cluster, job_id)).restart_count >= 1 and j.state == "COMPLETED",
+        lambda: (j := drill.job_of(cluster, job_id)).restart_count >= 1 and j.state == "COMPLETED",
         interval=0.5,
     )
-    assert victim not in job_of(cluster, job_id).nodes
+    assert victim not in drill.job_of(cluster, job_id).nodes
     assert drill.parse_train_log(out.read_text()).done_step == 6
 
 
@@ -172,7 +168,7 @@ def test_application_failure_on_healthy_nodes_is_not_retried(cluster: LocalClust
     job = finished(cluster, job_id, timeout=60)
     assert job.state == "FAILED"
     time.sleep(6)  # several controller passes
-    job = job_of(cluster, job_id)
+    job = drill.job_of(cluster, job_id)
     assert job.state == "FAILED" and job.restart_count == 0
 
 
@@ -183,11 +179,11 @@ def test_retry_on_any_failure_retries_up_to_the_cap(cluster: LocalCluster) -> No
         drill.wait_for(
             f"job {job_id} to be requeued twice and fail for good",
             180,
-            lambda: (j := job_of(cluster, job_id)).restart_count == 2 and j.state == "FAILED",
+            lambda: (j := drill.job_of(cluster, job_id)).restart_count == 2 and j.state == "FAILED",
             interval=0.5,
         )
         time.sleep(6)
-        assert job_of(cluster, job_id).restart_count == 2  # the cap holds
+        assert drill.job_of(cluster, job_id).restart_count == 2  # the cap holds
         kinds = [e["kind"] for e in events(cluster, job_id)]
         assert kinds.count("requeue") == 2
         assert any("exhaust" in str(k) or "budget" in str(k) for k in kinds), kinds
@@ -210,7 +206,7 @@ def test_job_without_auto_resume_is_not_requeued(cluster: LocalCluster) -> None:
     slurm = slurm_of(cluster)
     drill.wait_for(f"{victim} out of service", 30, lambda: drill.out_of_service(slurm, victim))
     time.sleep(5)
-    assert job_of(cluster, job_id).restart_count == 0
+    assert drill.job_of(cluster, job_id).restart_count == 0
 
 
 def test_controller_killed_mid_recovery_requeues_exactly_once(cluster: LocalCluster) -> None:

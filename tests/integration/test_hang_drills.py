@@ -19,7 +19,6 @@ import pytest
 
 from hyperpod_agent.localcluster import drill, procs
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.slurm.client import SlurmClient
 from hyperpod_agent.slurm.models import Job
 
 pytestmark = pytest.mark.slurm
@@ -32,16 +31,6 @@ def cluster(service_cluster: LocalCluster) -> Iterator[LocalCluster]:
     drill.reset_cluster(service_cluster)
     yield service_cluster
     drill.reset_cluster(service_cluster)
-
-
-def slurm_of(cluster: LocalCluster) -> SlurmClient:
-    return SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
-
-
-def job_of(cluster: LocalCluster, job_id: int) -> Job:
-    job = slurm_of(cluster).job(job_id)
-    assert job is not None, f"job {job_id} vanished"
-    return job
 
 
 def hyperpod(cluster: LocalCluster, *args: str) -> Any:
@@ -67,7 +56,7 @@ def steps_done(cluster: LocalCluster, job_id: int, out: Path, steps: int) -> Job
         90,
         lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= steps,
     )
-    return job_of(cluster, job_id)
+    return drill.job_of(cluster, job_id)
 
 
 def sync_dir(cluster: LocalCluster) -> str:
@@ -153,7 +142,7 @@ def test_kill_9_of_agent_and_controller_during_a_hang_still_declares_it_once(
         time.sleep(6)  # a few more passes and agent cycles: still one declaration
         [hang] = events(cluster, "hang", job_id)
         assert f"suspect {victim}" in hang["message"], hang
-        assert job_of(cluster, job_id).state == "RUNNING"
+        assert drill.job_of(cluster, job_id).state == "RUNNING"
         for pid in frozen:
             os.kill(pid, signal.SIGCONT)
     finally:
@@ -192,7 +181,7 @@ def test_a_slow_node_is_named_a_straggler_and_a_uniform_job_is_not(cluster: Loca
         assert slow_rank.step <= 30, slow_rank.step  # named within 30 of its steps
         shown = hyperpod(cluster, "node", "show", slow_node)
         assert any(f["kind"] == "straggler" for f in shown["findings"])
-        assert slow_node in job_of(cluster, slow_id).nodes
+        assert slow_node in drill.job_of(cluster, slow_id).nodes
         done = drill.wait_job_end(cluster, even_id, timeout=180)
         assert done.state == "COMPLETED", done
         assert events(cluster, "straggler", even_id) == []
