@@ -11,6 +11,11 @@ Three modes (see docs/security.md):
 - ``none``: no authentication at all, for tests and development only.
 
 Both real modes reject stale requests (``max_skew_s``) and replays (a bounded cache).
+
+The controller's verifier (``ServerAuth``) lives here; the settings, identity and error
+types are in auth_config.py, the client's header maker in auth_client.py, and the
+cryptographic building blocks and replay cache in auth_tokens.py. Every public name of
+those is re-exported here, so ``from hyperpod_agent.auth import X`` keeps working.
 """
 
 from __future__ import annotations
@@ -24,17 +29,23 @@ import logging
 import math
 import pwd
 import re
-import secrets
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from hyperpod_agent import _munge
+from hyperpod_agent.auth_client import ClientAuth
+from hyperpod_agent.auth_config import (
+    NODE_NAME,
+    PAYLOAD_VERSION,
+    AuthConfig,
+    AuthError,
+    Identity,
+    describe,
+    require_admin,
+    require_node,
+)
 from hyperpod_agent.auth_tokens import (
     MIN_SECRET_BYTES,
     ReplayCache,
@@ -45,7 +56,7 @@ from hyperpod_agent.auth_tokens import (
     read_secret,
     token_signature,
 )
-from hyperpod_agent.errors import ConfigError, HyperpodError
+from hyperpod_agent.errors import ConfigError
 
 __all__ = [
     "MIN_SECRET_BYTES",
@@ -68,8 +79,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-PAYLOAD_VERSION = 1
-NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # What a client of ours sends; anything else is refused before it is interpreted
 # (float() would take "nan", "inf", "1_0" and " 1"; compare_digest raises on non-ASCII).
 TOKEN_TS = re.compile(r"^[0-9]{1,12}(\.[0-9]{1,9})?$")
@@ -77,86 +86,6 @@ TOKEN_NONCE = re.compile(r"^[0-9a-fA-F]{16,64}$")
 TOKEN_SIG = re.compile(r"^[0-9a-fA-F]{64}$")
 # No credential we make carries a time past this (year 5138); a larger one is garbage.
 MAX_TIME = 1e11
-
-
-class AuthError(HyperpodError):
-    """A request could not be authenticated (401) or is not allowed (403).
-
-    503 means the controller could not check a credential (its munged is down).
-    """
-
-    def __init__(self, message: str, status: int = 401):
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Identity:
-    uid: int  # -1 when the mode has no Unix identity (token)
-    gid: int
-    node: str | None  # the node this caller may speak for, None for a non-node caller
-    is_admin: bool
-    method: str
-
-
-class AuthConfig(BaseModel):
-    """``[auth]`` section shared by the agent, the controller and the admin CLI."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    mode: Literal["munge", "token", "none"] = "munge"
-    munge_socket: Path | None = Field(
-        default=None, description="munged socket; None = libmunge's default"
-    )
-    max_skew_s: float = Field(default=60.0, gt=0, le=3600)
-    replay_cache_size: int = Field(default=100_000, ge=16, le=10_000_000)
-    replay_cache_per_identity: int = Field(
-        default=10_000,
-        ge=16,
-        le=10_000_000,
-        description="requests one identity may make within 2 x max_skew_s (429 beyond); "
-        "at most replay_cache_size",
-    )
-    admin_group: str = Field(
-        default="", description="group name or gid whose members are admins (root always is)"
-    )
-    check_origin: bool = Field(
-        default=True, description="munge: a node claim must come from the node's address"
-    )
-    token_secret_file: Path | None = Field(
-        default=None, description="token: cluster secret (controller; clients may derive)"
-    )
-    token_key_file: Path | None = Field(
-        default=None, description="token: this client's derived key, hex"
-    )
-
-    @model_validator(mode="after")
-    def _token_needs_key(self) -> AuthConfig:
-        if self.mode == "token" and not (self.token_secret_file or self.token_key_file):
-            raise ValueError("mode 'token' needs token_secret_file or token_key_file")
-        return self
-
-
-def require_admin(identity: Identity) -> None:
-    """Raise a 403 AuthError unless ``identity`` is an admin."""
-    if not identity.is_admin:
-        raise AuthError(f"{describe(identity)} is not an admin", 403)
-
-
-def require_node(identity: Identity, node: str) -> None:
-    """Raise a 403 AuthError unless ``identity`` may speak for ``node``."""
-    if identity.node != node:
-        who = describe(identity)
-        raise AuthError(f"{who} may not report for node {node}", 403)
-
-
-def describe(identity: Identity) -> str:
-    """A short description of a caller for messages and logs."""
-    if identity.method == "token":
-        return f"token of node {identity.node}" if identity.node else "admin token"
-    if identity.node:
-        return f"uid {identity.uid} (node {identity.node})"
-    return f"uid {identity.uid}"
 
 
 def _header(headers: Mapping[str, str], name: str) -> str | None:
@@ -408,63 +337,3 @@ def _resolve_group(name: str) -> int:
         return grp.getgrnam(name).gr_gid
     except KeyError as exc:
         raise ConfigError(f"auth.admin_group: no group named {name!r}") from exc
-
-
-class ClientAuth:
-    """Makes the Authorization header for requests to the controller.
-
-    ``node`` is the node this client speaks for (an agent); None for admins.
-    """
-
-    def __init__(
-        self,
-        config: AuthConfig,
-        node: str | None = None,
-        *,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.config = config
-        self.node = node
-        self.clock = clock
-        self._key: bytes | None = None
-        if node is not None and not NODE_NAME.match(node):
-            raise ConfigError(f"invalid node name {node!r}")
-        if config.mode == "token":
-            self._key = self._load_key()
-
-    def _load_key(self) -> bytes:
-        if self.config.token_key_file is not None:
-            return read_key(self.config.token_key_file)
-        assert self.config.token_secret_file is not None
-        secret = read_secret(self.config.token_secret_file)
-        return derive_key(secret, self._subject())
-
-    def _subject(self) -> str:
-        return "node:" + self.node if self.node else "admin"
-
-    def headers(self, method: str, path: str, body: bytes) -> dict[str, str]:
-        """Headers that authenticate one request (raise AuthError if none can be made)."""
-        if self.config.mode == "none":
-            return {"Authorization": f"NONE node={self.node}" if self.node else "NONE"}
-        if self.config.mode == "munge":
-            claims = {
-                "v": PAYLOAD_VERSION,
-                "m": method.upper(),
-                "p": normalize_path(path),
-                "b": body_digest(body),
-                "t": round(self.clock(), 3),
-                "n": self.node,
-            }
-            payload = json.dumps(claims, separators=(",", ":")).encode()
-            try:
-                cred = _munge.encode(payload, self.config.munge_socket)
-            except _munge.MungeError as exc:
-                raise AuthError(f"cannot create a MUNGE credential: {exc}", 0) from exc
-            return {"Authorization": "MUNGE " + cred}
-        assert self._key is not None
-        ts = f"{self.clock():.3f}"
-        nonce = secrets.token_hex(16)
-        subject = self._subject()
-        sig = token_signature(self._key, subject, method, path, ts, nonce, body)
-        who = f"node={self.node}" if self.node else "role=admin"
-        return {"Authorization": f"HPTOKEN {who} ts={ts} nonce={nonce} sig={sig}"}

@@ -17,14 +17,15 @@ Each request has a connect and a read timeout and a bounded number of attempts w
 exponential back-off and jitter (botocore's standard mode retries 503 SlowDown, 5xx and
 connection errors); a body cut short is read again, bounded the same way. Every failure is
 one :mod:`s3errors` exception naming ``s3://bucket/key``.
+
+The request bodies over the caller's memory are in s3buffers.py, the checks on ranged
+answers in s3download.py.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import random
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -32,7 +33,9 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from hyperpod_agent.checkpoint.s3config import MiB, S3Location, S3Options, make_client
+from hyperpod_agent.checkpoint.s3buffers import ViewBody, byte_view, part_source
+from hyperpod_agent.checkpoint.s3config import S3Location, S3Options, make_client
+from hyperpod_agent.checkpoint.s3download import READ_CHUNK, check_answer, check_total, reason
 from hyperpod_agent.checkpoint.s3errors import (
     S3Error,
     S3ObjectMissingError,
@@ -46,8 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-_CONTENT_RANGE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
-_READ_CHUNK = MiB  # urllib3 reads into a temporary of the size asked for, then copies
 
 
 @dataclass(frozen=True)
@@ -58,49 +59,6 @@ class ObjectInfo:
     name: str
     size: int
     version: tuple[str, str] = ("", "")
-
-
-class _Body(io.RawIOBase):
-    """A request body over a view of the caller's memory, sent with one ``sendall``.
-
-    botocore rewinds any body that is not bytes/bytearray before a retry, so a bare
-    memoryview cannot be retried; and http.client sends a file 8 KiB per ``read``, each a
-    Python call taking the GIL (measured in bench/s3_clients.py: a busy training thread
-    then halves the upload rate). So ``read`` returns the whole rest, whatever size it is
-    asked for: every caller (http.client, the payload hash) loops until ``b""``.
-    """
-
-    def __init__(self, view: memoryview):
-        self._view, self._pos = view, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = min(max(0, base + offset), len(self._view))
-        return self._pos
-
-    def read(self, size: int | None = -1) -> memoryview:
-        out = self._view[self._pos :]
-        self._pos = len(self._view)
-        return out
-
-    def __len__(self) -> int:
-        return len(self._view) - self._pos
-
-
-def _view(data: Buffer) -> memoryview:
-    view = memoryview(data)
-    if not view.c_contiguous:
-        raise ValueError("S3 buffers must be contiguous")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 class S3Store:
@@ -174,16 +132,16 @@ class S3Store:
         staging copy has filled it.
         """
         if isinstance(data, list | tuple):
-            segs = [_view(d) for d in data]
+            segs = [byte_view(d) for d in data]
         else:
-            segs = [_view(cast("Buffer", data))]
+            segs = [byte_view(cast("Buffer", data))]
         total = sum(len(s) for s in segs)
         key = self.location.key(name)
         if total <= self.options.multipart_threshold:
             if ready is not None:
                 ready(total)
             body = segs[0] if len(segs) == 1 else memoryview(b"".join(segs))  # small: copied
-            self._call(name, "put_object", Key=key, Body=_Body(body))
+            self._call(name, "put_object", Key=key, Body=ViewBody(body))
             return total
         part = self.options.part_size_for(total)
         starts = list(range(0, total, part))
@@ -194,7 +152,7 @@ class S3Store:
                 n = min(part, total - starts[i])
                 if ready is not None:
                     ready(starts[i] + n)
-                return self._put_part(name, key, upload, i + 1, _slice(segs, starts[i], n))
+                return self._put_part(name, key, upload, i + 1, part_source(segs, starts[i], n))
 
             etags = self._parallel(send, list(range(len(starts))))
             parts = [{"PartNumber": i + 1, "ETag": e} for i, e in enumerate(etags)]
@@ -237,9 +195,9 @@ class S3Store:
     def _put_part(
         self, name: str, key: str, upload: str, number: int, body: Callable[[], Buffer]
     ) -> str:
-        data = _view(body())
+        data = byte_view(body())
         r = self._call(
-            name, "upload_part", Key=key, UploadId=upload, PartNumber=number, Body=_Body(data)
+            name, "upload_part", Key=key, UploadId=upload, PartNumber=number, Body=ViewBody(data)
         )
         return str(r["ETag"])
 
@@ -267,7 +225,7 @@ class S3Store:
                 err = self._fail(exc, name)
                 if attempt + 1 >= self.options.max_attempts:
                     raise S3TruncatedError(
-                        err.uri, f"{_why(err)} (after {attempt + 1} attempts)", err.code
+                        err.uri, f"{reason(err)} (after {attempt + 1} attempts)", err.code
                     ) from exc
                 self._backoff(attempt)
                 continue
@@ -280,7 +238,7 @@ class S3Store:
         With ``size``, the object must be exactly that large (the total of Content-Range);
         an object too short for the range raises S3TruncatedError.
         """
-        view = _view(out)
+        view = byte_view(out)
         if view.readonly:
             raise ValueError("read_into needs a writable buffer")
         n, part = len(view), self.options.part_size
@@ -288,7 +246,7 @@ class S3Store:
             have = self.size(name)
             if have is None:
                 raise S3ObjectMissingError(self.location.uri(name), "no such object", "NoSuchKey")
-            _check_total(self.location.uri(name), have, size, offset)
+            check_total(self.location.uri(name), have, size, offset)
             return
         starts = list(range(0, n, part))
         self._parallel(
@@ -302,10 +260,10 @@ class S3Store:
             r = self._call(name, "get_object", Key=key, Range=f"bytes={start}-{start + ln - 1}")
             body = r["Body"]
             try:
-                _check_answer(uri, r, start, ln, size)
+                check_answer(uri, r, start, ln, size)
                 got = 0
                 while got < ln:
-                    k = body.readinto(dest[got : min(ln, got + _READ_CHUNK)])
+                    k = body.readinto(dest[got : min(ln, got + READ_CHUNK)])
                     if not k:
                         break
                     got += k
@@ -318,7 +276,7 @@ class S3Store:
                 body.close()
             if attempt + 1 >= self.options.max_attempts:
                 raise S3TruncatedError(
-                    uri, f"{_why(why)} (after {attempt + 1} attempts)", getattr(why, "code", "")
+                    uri, f"{reason(why)} (after {attempt + 1} attempts)", getattr(why, "code", "")
                 ) from why
             log.debug("%s: %s; reading again", uri, why)
             self._backoff(attempt)
@@ -406,52 +364,3 @@ class S3Store:
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def _slice(segs: list[memoryview], start: int, length: int) -> Callable[[], Buffer]:
-    """Bytes ``start:start+length`` of the concatenation of ``segs``: a view when they lie in
-    one buffer, else a copy made when the part is sent (so copies are bounded)."""
-    pieces: list[memoryview] = []
-    pos = 0
-    for s in segs:
-        lo, hi = max(start, pos), min(start + length, pos + len(s))
-        if lo < hi:
-            pieces.append(s[lo - pos : hi - pos])
-        pos += len(s)
-    if len(pieces) == 1:
-        one = pieces[0]
-        return lambda: one
-    return lambda: b"".join(pieces)
-
-
-def _check_answer(uri: str, r: dict[str, Any], start: int, ln: int, size: int | None) -> None:
-    """The answer to a ranged GET holds exactly the bytes asked for (and the object has the
-    expected size); raise naming the object otherwise."""
-    cr = r.get("ContentRange")
-    length = int(r.get("ContentLength", -1))
-    if cr:
-        m = _CONTENT_RANGE.match(str(cr))
-        if not m:
-            raise S3Error(uri, f"unparsable Content-Range {cr!r}")
-        a, b, total = int(m.group(1)), int(m.group(2)), m.group(3)
-        if total != "*":
-            _check_total(uri, int(total), size, start + ln)
-        if a != start or b != start + ln - 1:
-            raise S3TruncatedError(uri, f"asked for bytes {start}-{start + ln - 1}, got {a}-{b}")
-    elif start != 0 or size is None or length != size:
-        # A whole object where a range was asked for: the store ignored the Range header.
-        raise S3Error(uri, f"the store ignored the byte range {start}-{start + ln - 1}")
-    if length >= 0 and length != ln:
-        raise S3TruncatedError(uri, f"asked for {ln} bytes at {start}, the answer has {length}")
-
-
-def _check_total(uri: str, total: int, size: int | None, end: int) -> None:
-    if size is not None and total != size:
-        raise S3TruncatedError(uri, f"object is {total} bytes, expected {size}")
-    if total < end:
-        raise S3TruncatedError(uri, f"object is {total} bytes, shorter than {end}")
-
-
-def _why(err: BaseException) -> str:
-    """An S3Error's message without its ``s3://...: `` head."""
-    return str(err).split(": ", 1)[-1] if isinstance(err, S3Error) else str(err)
