@@ -21,6 +21,9 @@ shared machine, and it delays requests, not bandwidth.
 
     .venv/bin/python bench/checkpoint.py --reps 8   # 256 MiB and 1 GiB (docs/benchmarks.md)
     .venv/bin/python bench/checkpoint.py --quick    # 64 MiB, for a smoke run
+
+The measurement helpers and ceilings are in checkpoint_measure.py, the printed report in
+checkpoint_report.py.
 """
 
 from __future__ import annotations
@@ -42,142 +45,27 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# Siblings: the script's own directory is first on sys.path when it runs as a script.
+from checkpoint_measure import (  # noqa: E402
+    MiB,
+    aligned,
+    best,
+    ceilings,
+    make_state,
+    settle,
+    throttle_reads,
+    timed,
+    write_fsync,
+)
+from checkpoint_report import FS_ROW, S3_ROW, print_report  # noqa: E402
+
 from hyperpod_agent.checkpoint import Checkpointer, ReplicaServer, fastio, layout  # noqa: E402
 from hyperpod_agent.checkpoint.s3store import S3Store  # noqa: E402
 from tests.s3_server import S3Server  # noqa: E402
 
-MiB = 1 << 20
 # No MD5 ETag and no re-reading of each upload (bench/s3_clients.py): rclone's fastest.
 S3_SERVER_ARGS = ("--etag-hash", "", "--ignore-checksum")
-FS_ROW = "hyperpod (memory+peer+persistent)"
 DIRECT_IO = True  # --writer
-S3_ROW = "hyperpod (memory+peer+S3)"
-
-
-def make_state(size: int, torch: Any) -> dict[str, Any]:
-    """A model-like state: 15 float32 tensors plus one bfloat16 tensor, ``size`` bytes total."""
-    n = size // 16 // 4
-    if torch is None:
-        return {
-            f"layer{i}": np.random.default_rng(i).random(n, dtype=np.float32) for i in range(16)
-        }
-    state: dict[str, Any] = {f"layer{i}": torch.rand(n) for i in range(15)}
-    state["emb_bf16"] = torch.rand(2 * n).to(torch.bfloat16)
-    return state
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    out = fn()
-    return time.perf_counter() - t0, out
-
-
-def best(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
-    """Fastest of ``reps`` runs (the machine is shared: the minimum is the least disturbed)."""
-    runs = []
-    for _ in range(reps):
-        dt, out = timed(fn)
-        runs.append(dt)
-        del out
-    dt, out = timed(fn)
-    return min([*runs, dt]), out
-
-
-def settle() -> None:
-    """Let writeback and the discards of deleted files finish (the root filesystem here is
-    mounted with ``discard``), so one measurement does not pay for the previous one. No
-    sleep: on a VM with free page reporting, memory idle for a few seconds goes back to the
-    host, and the next write pays a host page fault per page-cache page."""
-    os.sync()
-
-
-START_WRITEBACK = fastio.start_writeback  # kept: --writer plain turns the library's off
-
-
-def write_fsync(path: Path, data: np.ndarray, writeback: bool = False) -> None:
-    """The ceiling: a plain write+fsync (16 MiB writes, fsync, rename, directory fsync),
-    as any writer does it: the copy into the page cache, then the disk, one after the other.
-    With ``writeback``, the writeback of each chunk is started as soon as it is written."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    view = data.data.cast("B")
-    with open(tmp, "wb", buffering=0) as f:
-        for start in range(0, len(view), 16 * MiB):
-            f.write(view[start : start + 16 * MiB])
-            if writeback:
-                START_WRITEBACK(f.fileno(), start, min(16 * MiB, len(view) - start))
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    layout.fsync_dir(path.parent)
-
-
-def aligned(size: int) -> np.ndarray:
-    """A page-aligned buffer (anonymous mapping), filled: an O_DIRECT source."""
-    import mmap
-
-    out = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
-    out[:] = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
-    return out
-
-
-def ceilings(size: int, disk: Path) -> dict[str, float]:
-    src = aligned(size)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # fault the pages in: staging buffers are reused, so warm is the ceiling
-    dt = min(timed(lambda: np.copyto(dst, src))[0] for _ in range(3))
-    path = disk / "fsync-probe"
-    # The three ways to write a buffer durably, interleaved, best of 3 each.
-    ways = {
-        "write+fsync GB/s": lambda: write_fsync(path, src),
-        "write+fsync, writeback started per chunk GB/s": lambda: write_fsync(path, src, True),
-        "O_DIRECT write GB/s": lambda: layout.direct_write(path, src),
-    }
-    best_of: dict[str, float] = {}
-    for _ in range(3):
-        for name, fn in ways.items():
-            settle()
-            dt_way = timed(fn)[0]
-            path.unlink()
-            best_of[name] = min(best_of.get(name, dt_way), dt_way)
-    shm = Path("/dev/shm") / f"hp-ckpt-bench-{os.getpid()}"
-    dt_s = min(timed(lambda: write_fsync(shm, src))[0] for _ in range(3))
-    shm.unlink()
-    return {
-        "memcpy GB/s": size / dt / 1e9,
-        **{name: size / v / 1e9 for name, v in best_of.items()},
-        "tmpfs write GB/s": size / dt_s / 1e9,
-    }
-
-
-def throttle_reads(rate: float) -> Callable[[], None]:
-    """Make the persistent tier's reads no faster than ``rate`` bytes/s; return an undo."""
-    from hyperpod_agent.checkpoint import restore
-
-    real_file, real_range = layout.read_file, layout.read_range
-
-    def slow(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-        def wrapped(*args: Any) -> np.ndarray:
-            t0 = time.perf_counter()
-            out = fn(*args)
-            time.sleep(max(0.0, out.nbytes / rate - (time.perf_counter() - t0)))
-            return out
-
-        return wrapped
-
-    class Slow(restore.DirSource):
-        def data(self, step: int, rank: int, size: int) -> np.ndarray:
-            return slow(real_file)(layout.step_dir(self.root, step) / layout.data_name(rank), size)
-
-    real_cls = restore.DirSource
-    restore.DirSource = Slow  # type: ignore[misc]
-    import hyperpod_agent.checkpoint.checkpointer as ck
-
-    ck.restore.DirSource = Slow  # type: ignore[misc]
-
-    def undo() -> None:
-        restore.DirSource = real_cls  # type: ignore[misc]
-        layout.read_file, layout.read_range = real_file, real_range
-
-    return undo
 
 
 def bench_ours(
@@ -453,57 +341,7 @@ def main() -> None:
                 shutil.rmtree(work, ignore_errors=True)
                 shutil.rmtree(shm, ignore_errors=True)
         store.close()
-    print()
-    print(
-        f"| {'method':36} | {'size':>8} | {'blocked ms':>10} | {'durable GB/s':>12} | "
-        f"{'load GB/s':>9} |"
-    )
-    print(f"|{'-' * 38}|{'-' * 10}:|{'-' * 11}:|{'-' * 13}:|{'-' * 10}:|")
-    for name, mib, r in rows:
-        print(
-            f"| {name:36} | {mib:>4} MiB | {r['blocked ms']:>10.1f} | "
-            f"{r['durable GB/s']:>12.2f} | {r['load GB/s']:>9.2f} |"
-        )
-    print_tiers(rows, "restore (hyperpod), tier", "restore s", "seconds", ".3f")
-    print()
-    print("Against the targets (hyperpod):")
-    for name, mib, r in rows:
-        if "paired ceiling GB/s" not in r:
-            continue
-        ceil, ours, writer = r["paired ceiling GB/s"], r["paired durable GB/s"], r["writer GB/s"]
-        pairs = ", ".join(f"{d / c:.0%} of {c:.2f}" for d, c in zip(ours, ceil, strict=True))
-        top, median = max(ceil), statistics.median(ceil)
-        what = "write+fsync" if name == FS_ROW else "one upload of the same size"
-        print(
-            f"  {name}, {mib} MiB: durable save / {what} measured just before it: "
-            f"{pairs}; best {max(ours):.2f} vs {top:.2f} GB/s ({max(ours) / top:.0%}), "
-            f"median {statistics.median(ours):.2f} vs {median:.2f} GB/s "
-            f"({statistics.median(ours) / median:.0%}); once staged, the writer reaches best "
-            f"{max(writer):.2f} GB/s ({max(writer) / top:.0%}), median "
-            f"{statistics.median(writer):.2f} GB/s ({statistics.median(writer) / median:.0%}); "
-            f"blocked median {r['blocked median ms']:.1f} ms; all tiers "
-            f"{r['all tiers GB/s']:.2f} GB/s"
-            + (
-                f"; peer restore {r['peer speedup']:.1f}x faster than the emulated slow "
-                "persistent store"
-                if "peer speedup" in r
-                else ""
-            )
-        )
-    print_tiers(rows, "save (hyperpod), durable in tier", "tier GB/s", "GB/s", ".2f")
-
-
-def print_tiers(
-    rows: list[tuple[str, int, dict[str, Any]]], title: str, key: str, unit: str, fmt: str
-) -> None:
-    """One markdown table of a per-tier figure of our rows."""
-    print()
-    print(f"| {'persistent tier':15} | {title:56} | {'size':>8} | {unit:>8} |")
-    print(f"|{'-' * 17}|{'-' * 58}|{'-' * 10}:|{'-' * 9}:|")
-    for name, mib, r in rows:
-        where = "S3" if name == S3_ROW else "directory"
-        for tier, v in r.get(key, {}).items():
-            print(f"| {where:15} | {tier:56} | {mib:>4} MiB | {v:>8{fmt}} |")
+    print_report(rows)
 
 
 if __name__ == "__main__":

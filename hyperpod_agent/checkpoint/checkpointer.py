@@ -1,9 +1,11 @@
 """The Checkpointer: stage a state in memory, write it to the tiers in the background, and
-restore the newest complete step from the fastest tier that has it."""
+restore the newest complete step from the fastest tier that has it.
+
+This module holds its construction, the staging half of a save and the lifecycle; the
+background writes to the tiers are in durable.py, the restore in loader.py."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -13,11 +15,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from hyperpod_agent import progress
 from hyperpod_agent.checkpoint import (
-    _threads,
+    durable,
     handshake,
     identity,
     layout,
@@ -26,21 +26,16 @@ from hyperpod_agent.checkpoint import (
     metrics,
     restore,
 )
-from hyperpod_agent.checkpoint._threads import lower_priority
-from hyperpod_agent.checkpoint.errors import (
-    CheckpointConfigError,
-    CheckpointError,
-    CheckpointStorageError,
-)
+from hyperpod_agent.checkpoint.errors import CheckpointConfigError, CheckpointError
 from hyperpod_agent.checkpoint.handle import SaveHandle, spare_cpus
-from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier, SaveJob, open_tiers
+from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier, open_tiers
 from hyperpod_agent.checkpoint.replica import ReplicaServer
 from hyperpod_agent.checkpoint.replica_client import ReplicaClient
 from hyperpod_agent.checkpoint.s3config import S3Options
-from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
-from hyperpod_agent.checkpoint.state import Leaf, copy_leaf, flatten
+from hyperpod_agent.checkpoint.staging import Progress, StagingPool
+from hyperpod_agent.checkpoint.state import copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
-from hyperpod_agent.checkpoint.uploads import Plan, Uploads
+from hyperpod_agent.checkpoint.uploads import Uploads
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +233,8 @@ class Checkpointer:
             uploads = self._uploads.plan(step, index, slot)
             # The writers start now and follow the copy below leaf by leaf.
             fut = self._workers.submit(
-                self._durable,
+                durable.write,
+                self,
                 step,
                 index,
                 save,
@@ -310,163 +306,6 @@ class Checkpointer:
             "entries": entries,
             "data_size": size,
         }
-
-    def _durable(
-        self,
-        step: int,
-        index: int,
-        save: str,
-        skeleton: Any,
-        leaves: list[Leaf],
-        size: int,
-        times: dict[str, float],
-        slot: Slot,
-        progress: Progress,
-        uploads: Plan,
-    ) -> dict[str, str]:
-        lower_priority(_threads.DISK)
-        buf = slot.array[:size]
-        metas: Future[list[dict[str, Any]]] = Future()
-        tiers: dict[str, str] = {}
-        jobs: list[tuple[str, Any]] = []
-        if self._replica is not None:
-            jobs.append(
-                (
-                    "peer",
-                    lambda: self._write_peer(step, save, buf, skeleton, metas, times, progress),
-                )
-            )
-        job = SaveJob(step, save, skeleton, leaves, buf, metas, times, progress)
-        for tier in self.tiers:
-            plan = uploads.get(tier.name)
-            if isinstance(plan, str):
-                tiers[tier.name] = plan  # skipped
-            elif isinstance(plan, Future):
-                self._start_upload(tier, job, slot, tiers, plan)
-            elif index % tier.every == 0:
-                jobs.append((tier.name, lambda t=tier: t.write(self, job)))
-        # The data files need no checksums, so every tier starts writing as soon as its bytes
-        # are staged and takes the checksums (computed here meanwhile) for the metadata it
-        # writes last. Network, disk and memory are different bottlenecks, and copies,
-        # sendall, write, fsync and crc32 all release the GIL.
-        threads = [
-            threading.Thread(
-                target=self._tier,
-                args=(tiers, name, fn, times),
-                name=f"hyperpod-ckpt-{name}",
-                daemon=True,
-            )
-            for name, fn in jobs
-        ]
-        for t in threads:
-            t.start()
-        try:
-            if not self.overlap:
-                progress.wait(size)  # on a small host, checksumming alongside slows the copy
-            entries = []
-            for leaf in leaves:
-                progress.wait(leaf.offset + leaf.nbytes)
-                crc = layout.checksum(buf[leaf.offset : leaf.offset + leaf.nbytes])
-                entries.append({**leaf.describe(), "offset": leaf.offset, "crc32": crc})
-        except BaseException as exc:
-            metas.set_exception(exc)  # the tier threads waiting for it fail instead of hanging
-            for t in threads:
-                t.join()
-            self._pool.forget(slot)
-            if isinstance(exc, StagingAborted):
-                mem = ("memory",) if self.memory_dir is not None else ()
-                return {name: str(exc) for name in (*mem, *tiers)}
-            raise  # pragma: no cover - crc32 of a mapped buffer
-        metas.set_result(entries)
-        if self.memory_dir is not None:
-            meta = self.rank_meta(step, save, skeleton, entries, size)
-            self._tier(tiers, "memory", lambda: self._write_memory(step, slot, meta, times), times)
-        for t in threads:
-            t.join()
-        if slot.mapped:
-            self._pool.prepare(size)
-        return tiers
-
-    def _start_upload(
-        self,
-        tier: PersistentTier,
-        job: SaveJob,
-        slot: Slot,
-        tiers: dict[str, str],
-        done: Future[None],
-    ) -> None:
-        """``tier``'s write of ``job`` on after the save (uploads.py)."""
-
-        def run() -> None:
-            self._tier(tiers, tier.name, lambda: tier.write(self, job), job.times)
-
-        def skip(why: str) -> None:
-            tiers[tier.name] = why
-
-        self._uploads.start(tier, slot, run, skip, done)
-
-    def _tier(self, tiers: dict[str, str], name: str, fn: Any, times: dict[str, float]) -> None:
-        try:
-            fn()
-            tiers[name] = "ok"
-        except Exception as exc:
-            # One tier failing must not stop the others: a full /dev/shm still leaves the
-            # persistent copy, and a dead peer still leaves the local one. The failure is
-            # reported through the save handle.
-            unexpected = not isinstance(exc, OSError | CheckpointError)
-            log.warning(
-                "rank %d: %s tier write failed: %s", self.rank, name, exc, exc_info=unexpected
-            )
-            metrics.TIER_FAILURES.labels(name).inc()
-            tiers[name] = str(exc) or type(exc).__name__
-        # A tier that reached its durable point stamped it already (retention runs after).
-        times.setdefault(name, time.perf_counter() - times["start"])
-
-    def _write_memory(
-        self, step: int, slot: Slot, meta: dict[str, Any], times: dict[str, float]
-    ) -> None:
-        if not slot.mapped or self.memory_dir is None:
-            raise CheckpointStorageError(slot.error or "memory tier unavailable")
-        d = layout.step_dir(self.memory_dir, step)
-        d.mkdir(exist_ok=True)  # inside the run's own directory, never its parents
-        # A stale metadata file of an earlier attempt at this step must not vouch for the
-        # new data while it is being renamed in.
-        (d / layout.meta_name(self.rank)).unlink(missing_ok=True)
-        try:
-            self._pool.publish(slot, step, d / layout.data_name(self.rank))
-        except OSError:
-            self._pool.forget(slot)
-            raise
-        layout.write_json(d / layout.meta_name(self.rank), meta)
-        times["memory"] = time.perf_counter() - times["start"]
-        metrics.BYTES_WRITTEN.labels("memory").inc(meta["data_size"])
-        for old in layout.prunable(self.memory_dir, self.keep_memory, [self.rank]):
-            d_old = layout.step_dir(self.memory_dir, old)
-            (d_old / layout.meta_name(self.rank)).unlink(missing_ok=True)
-            self._pool.retire(old)
-            layout.remove_step(self.memory_dir, old, [self.rank])
-
-    def _write_peer(
-        self,
-        step: int,
-        save: str,
-        data: np.ndarray,
-        skeleton: Any,
-        metas: Future[list[dict[str, Any]]],
-        times: dict[str, float],
-        progress: Progress,
-    ) -> None:
-        assert self._replica is not None
-        lower_priority(_threads.NETWORK)
-        progress.wait(data.size)  # the network is not the bottleneck of durability: send whole
-        self._replica.put(step, layout.data_name(self.rank), data)
-        meta = self.rank_meta(step, save, skeleton, metas.result(), data.size)
-        self._replica.put(
-            step, layout.meta_name(self.rank), json.dumps(meta, separators=(",", ":")).encode()
-        )
-        times["peer"] = time.perf_counter() - times["start"]
-        metrics.BYTES_WRITTEN.labels("peer").inc(data.nbytes)
-        self._replica.prune([self.rank], self.keep_memory)
 
     # ---- restore --------------------------------------------------------------------------
 
