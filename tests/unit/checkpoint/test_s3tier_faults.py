@@ -299,6 +299,8 @@ def test_uploads_run_at_the_background_priority(
         _wait_for(lambda: proxy.served["stall"] >= 1, "a part upload hangs")
         senders = [t for t in threading.enumerate() if t.name.startswith("hyperpod-s3")]
         assert senders, "the parts are sent by their own threads"
+        # A pool thread just started may not have its native id yet: wait, bounded.
+        _wait_for(lambda: all(t.native_id is not None for t in senders), "senders running")
         for t in senders:
             assert t.native_id is not None
             stat = Path(f"/proc/self/task/{t.native_id}/stat").read_text()
