@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "nodes": "hyperpod_agent.admin.cli:nodes",
     "node": "hyperpod_agent.admin.cli:node",
     "events": "hyperpod_agent.admin.cli:events",
+    "checks": "hyperpod_agent.admin.checks_cli:checks",
     "jobs": "hyperpod_agent.admin.cli:jobs",
     "checkpoint": "hyperpod_agent.checkpoint.cli:checkpoint",
     "auth": "hyperpod_agent.admin.keys:auth",

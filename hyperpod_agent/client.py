@@ -182,6 +182,19 @@ class ControllerClient:
             "POST", f"/v1/nodes/{_seg(node)}/actions", {"action": action, "reason": reason}
         )
 
+    def check(self, nodes: list[str], level: str = "quick", drain_first: bool = False) -> Any:
+        """``POST /v1/checks``: run the deep-check suite on ``nodes`` (admin)."""
+        body = {"nodes": nodes, "level": level, "drain_first": drain_first}
+        return self.request("POST", "/v1/checks", body)
+
+    def check_run(self, run_id: int) -> Any:
+        """``GET /v1/checks/{id}``: one deep-check run with its outcomes."""
+        return self.request("GET", f"/v1/checks/{int(run_id)}")
+
+    def checks(self) -> Any:
+        """``GET /v1/checks``: recent deep-check runs."""
+        return self.request("GET", "/v1/checks")
+
     def report(self, report: dict[str, Any]) -> Any:
         """``POST /v1/reports`` with a NodeReport in its JSON form."""
         return self.request("POST", "/v1/reports", report)

@@ -204,9 +204,67 @@ def node_detail(n: dict[str, Any], now: datetime) -> str:
         parts.append("Faults:\n" + faults_table(n["faults"]))
     if n.get("findings"):
         parts.append("Hangs and stragglers:\n" + findings_table(n["findings"]))
+    if n.get("deep_checks"):
+        parts.append("Deep checks:\n" + outcomes_table(n["deep_checks"], with_node=False))
     if n.get("actions"):
         parts.append("Actions:\n" + actions_table(n["actions"]))
     return "\n\n".join(parts)
+
+
+def outcomes_table(outcomes: Sequence[dict[str, Any]], with_node: bool = True) -> str:
+    """Deep-check outcomes, one row a node and run."""
+    columns: list[Column] = [
+        ("AT", lambda o: timestamp(o.get("at"))),
+        ("RUN", lambda o: o.get("run_id")),
+        ("PURPOSE", lambda o: o.get("purpose")),
+        ("OUTCOME", lambda o: o.get("outcome")),
+        ("CHECK", lambda o: o.get("check") or "-"),
+        ("CAUSE", lambda o: o.get("cause")),
+    ]
+    if with_node:
+        columns.insert(1, ("NODE", lambda o: o.get("node")))
+    return table(outcomes, columns)
+
+
+def check_run(run: dict[str, Any]) -> str:
+    """One deep-check run: its phase, then each node's checks."""
+    head = (
+        f"deep check run {run.get('id')} ({run.get('purpose')}, {run.get('level')}) on "
+        f"{','.join(run.get('nodes') or [])}: {run.get('phase')}"
+    )
+    if run.get("job_id"):
+        head += f", job {run['job_id']}"
+    if run.get("error"):
+        head += f"\n  error: {run['error']}"
+    rows = [
+        {"node": o.get("node"), **r}
+        for o in run.get("outcomes") or []
+        for r in (
+            o.get("results")
+            or [{"check": "-", "outcome": o.get("outcome"), "cause": o.get("cause")}]
+        )
+    ]
+    if not rows:
+        return head
+    body = table(
+        rows,
+        [
+            ("NODE", lambda r: r.get("node")),
+            ("CHECK", lambda r: r.get("check")),
+            ("OUTCOME", lambda r: r.get("outcome")),
+            (
+                "SECONDS",
+                lambda r: (
+                    f"{r['duration_s']:.1f}"
+                    if isinstance(r.get("duration_s"), int | float)
+                    else "-"
+                ),
+            ),
+            ("CAUSE", lambda r: r.get("cause")),
+        ],
+    )
+    verdicts = ", ".join(f"{o.get('node')} {o.get('outcome')}" for o in run.get("outcomes") or [])
+    return f"{head}\n{body}\n{verdicts}"
 
 
 def findings_table(findings: Sequence[dict[str, Any]]) -> str:

@@ -84,6 +84,9 @@ class Executor:
             if pa.kind is Kind.FINDING:
                 self._finding(pa, now)
                 continue
+            if pa.kind is Kind.CHECK:
+                self._check(pa, now)
+                continue
             if self._cooling(pa, now):
                 continue
             if self.config.policy.dry_run:
@@ -168,6 +171,26 @@ class Executor:
                 metrics.HANG_IDLE.observe(float(idle))
             log.warning("%s", pa.cause)
 
+    def _check(self, pa: PlannedAction, now: float) -> None:
+        """Record a deep-check run; the check runner takes it through Slurm."""
+        p = pa.params
+        nodes = [str(n) for n in p["nodes"]]
+        if self.config.policy.dry_run:
+            self._event("dry_run", f"dry-run: would deep-check {', '.join(nodes)}", pa, now)
+            return
+        message = f"deep check ({p['purpose']}, {p['level']}) of {', '.join(nodes)}: {pa.cause}"
+        run_id = self.store.add_check_run(
+            nodes,
+            str(p["level"]),
+            str(p["purpose"]),
+            {str(k): str(v) for k, v in dict(p["prior"]).items()},
+            "controller",
+            False,
+            now,
+            EventIn("deep_check_planned", message, pa.node, None, pa.cause),
+        )
+        log.info("deep check run %d planned: %s", run_id, message)
+
     # -- open intents ---------------------------------------------------------------
     def process_open(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
         """Finish what earlier passes (or a crashed process) left open.
@@ -221,7 +244,7 @@ class Executor:
             elif row.kind == Kind.RESUME.value:
                 self.slurm.resume(str(row.node))
             elif row.kind == Kind.REBOOT.value:
-                self.slurm.reboot(str(row.node), row.reason, asap=True, next_state="resume")
+                self._reboot(row)
             elif row.kind == Kind.REQUEUE.value:
                 assert row.job_id is not None
                 self.slurm.requeue(row.job_id)
@@ -238,6 +261,19 @@ class Executor:
             return
         self._crash_hook(f"applied:{row.kind}")
         self._done(row, now, counts_attempt=True)
+
+    def _reboot(self, row: ActionRow) -> None:
+        """``scontrol reboot ASAP nextstate=resume``: Slurm puts the node back in service
+        once it booted. With the re-entry gate the node must pass its deep checks
+        first, so it is drained with our reason and rebooted without a next state:
+        it stays drained after the boot, for the gate to decide."""
+        node = str(row.node)
+        deep = self.config.deep_checks
+        if not (deep.gate_reentry and "reboot" in deep.gate_after):
+            self.slurm.reboot(node, row.reason, asap=True, next_state="resume")
+            return
+        self.slurm.drain(node, row.reason)
+        self.slurm.reboot(node, row.reason, asap=False, next_state="")
 
     def _replace(self, row: ActionRow, now: float) -> None:
         """Start a replacement. A provider that must not run twice (an admin command)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 NODE_PATTERN = r"^[A-Za-z0-9._-]+$"
+NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 # Every error code the API answers with, and its HTTP status (docs/controller.md lists
 # them all; a test checks both ways).
@@ -22,6 +24,11 @@ ERROR_CODES: dict[str, int] = {
     "stale": 409,
     "from_future": 409,
     "no_replacement": 409,
+    "not_configured": 409,
+    "bad_suite": 409,
+    "busy": 409,
+    "not_responding": 409,
+    "in_use": 409,
     "too_large": 413,
     "unsupported_media_type": 415,
     "invalid": 422,
@@ -29,6 +36,7 @@ ERROR_CODES: dict[str, int] = {
     "headers_too_large": 431,
     "internal": 500,
     "auth_unavailable": 503,
+    "slurm_unavailable": 503,
 }
 
 
@@ -156,6 +164,7 @@ class FindingOut(BaseModel):
 
 class NodeDetail(NodeOut):
     faults: list[FaultOut] = Field(default_factory=list)
+    deep_checks: list[CheckOutcomeOut] = Field(default_factory=list)
     findings: list[FindingOut] = Field(default_factory=list)
     actions: list[ActionOut] = Field(default_factory=list)
     report: dict[str, Any] | None = None
@@ -188,3 +197,50 @@ class EventOut(BaseModel):
 class JobDetail(JobOut):
     events: list[EventOut] = Field(default_factory=list)
     actions: list[ActionOut] = Field(default_factory=list)
+
+
+class CheckIn(BaseModel):
+    """``POST /v1/checks``: an admin asks for a deep check of some nodes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nodes: list[str] = Field(min_length=1, max_length=256)
+    level: Literal["quick", "full"] = "quick"
+    drain_first: bool = False
+
+    @field_validator("nodes")
+    @classmethod
+    def _names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not NODE_NAME.match(name):
+                raise ValueError(f"{name!r} is not a node name")
+        if len(set(value)) != len(value):
+            raise ValueError("a node is named twice")
+        return value
+
+
+class CheckOutcomeOut(BaseModel):
+    run_id: int
+    node: str
+    purpose: str
+    outcome: str
+    check: str
+    cause: str
+    ran: bool
+    at: datetime | None
+    results: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class CheckRunOut(BaseModel):
+    id: int
+    nodes: list[str]
+    level: str
+    purpose: str
+    phase: str
+    job_id: int | None
+    reservation: str
+    requested_by: str
+    created_at: datetime | None
+    updated_at: datetime | None
+    error: str
+    outcomes: list[CheckOutcomeOut] = Field(default_factory=list)

@@ -6,6 +6,7 @@ the file, the key and what was expected.
 
 from __future__ import annotations
 
+import sys
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -13,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hyperpod_agent.auth import AuthConfig
+from hyperpod_agent.deepcheck.config import load_suite
 from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.health import Action
 
@@ -151,6 +153,58 @@ class ProgressConfig(BaseModel):
     )
 
 
+GateVerb = Literal["reboot", "reset", "drain"]
+DEFAULT_GATE_AFTER: tuple[GateVerb, ...] = ("reboot", "reset")
+
+
+class DeepCheckConfig(BaseModel):
+    """``[deep_checks]``: the deep-check suite run as a Slurm job in a maintenance
+    reservation, and the gates that make a node pass it before it takes work
+    (docs/deep-checks.md). Off until a suite is named."""
+
+    model_config = _FROZEN
+
+    suite: Path | None = Field(default=None, description="the suite file (TOML)")
+    command: list[str] = Field(
+        default_factory=lambda: [sys.executable, "-m", "hyperpod_agent.deepcheck"],
+        min_length=1,
+        description="how a node runs the deep-check CLI (the same path on every node)",
+    )
+    results_dir: Path = Field(
+        default=Path("/var/lib/hyperpod/deep-checks"),
+        description="where the nodes write their results: shared with the head node",
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="extra environment of the check job"
+    )
+    gate_reentry: bool = Field(default=False, description="a rebooted/repaired node must pass")
+    gate_after: list[GateVerb] = Field(
+        default_factory=lambda: list(DEFAULT_GATE_AFTER),
+        description="which of our reasons count as a reboot or repair",
+    )
+    gate_spares: bool = Field(default=False, description="spares are qualified before a swap")
+    reentry_level: Literal["quick", "full"] = "quick"
+    spare_level: Literal["quick", "full"] = "full"
+    spare_recheck_h: float = Field(default=24.0, gt=0)
+    retry_s: float = Field(
+        default=300.0, ge=0, description="after a run that could not start, wait this long"
+    )
+    margin_s: float = Field(
+        default=120.0, ge=10, description="beyond the suite's time limits for the whole run"
+    )
+    drain_timeout_s: float = Field(default=3600.0, gt=0, description="--drain-first wait")
+    max_nodes_per_run: int = Field(default=16, ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _paths(self) -> DeepCheckConfig:
+        if (self.gate_reentry or self.gate_spares) and self.suite is None:
+            raise ValueError('gate_reentry/gate_spares need suite = "/path/to/deep-checks.toml"')
+        for path in (self.suite, self.results_dir):
+            if path is not None and not path.is_absolute():
+                raise ValueError(f"{path}: must be an absolute path")
+        return self
+
+
 class ControllerConfig(BaseModel):
     """The whole ``controller.toml``."""
 
@@ -177,6 +231,7 @@ class ControllerConfig(BaseModel):
     auto_resume: AutoResumeConfig = Field(default_factory=AutoResumeConfig)
     provider: ProviderConfig = Field(default_factory=ProviderConfig)
     progress: ProgressConfig = Field(default_factory=ProgressConfig)
+    deep_checks: DeepCheckConfig = Field(default_factory=DeepCheckConfig)
 
     @model_validator(mode="after")
     def _cross(self) -> ControllerConfig:
@@ -221,4 +276,17 @@ def load_config(path: Path | None = None) -> ControllerConfig:
         raise ConfigError(f"{target}: no such file") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{target}: cannot read: {exc}") from exc
-    return parse_config(text, target)
+    config = parse_config(text, target)
+    if config.deep_checks.suite is not None:
+        check_suite(config.deep_checks)
+    return config
+
+
+def check_suite(deep: DeepCheckConfig) -> None:
+    """Load the suite the config names and check each level a gate runs has a gating
+    check: a malformed suite stops the controller (or a reload) with the file's error."""
+    assert deep.suite is not None
+    suite = load_suite(deep.suite)
+    for level in {deep.reentry_level, deep.spare_level}:
+        if not any(c.gating for c in suite.at_level(level)):
+            raise ConfigError(f"{deep.suite}: no gating check at level {level!r}")

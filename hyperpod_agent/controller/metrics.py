@@ -67,3 +67,18 @@ HANG_IDLE = Histogram(
     buckets=(5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600),
     registry=REGISTRY,
 )
+DEEP_CHECKS = Counter(
+    "hyperpod_deep_checks_total",
+    "Deep-check outcomes, one per node and run, by purpose (spare, reentry, admin)",
+    ["purpose", "outcome"],
+    registry=REGISTRY,
+)
+DEEP_CHECK_SECONDS = Histogram(
+    "hyperpod_deep_check_seconds",
+    "Deep-check runs: planned to done (reservation, job, restoring the nodes)",
+    buckets=(10, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400),
+    registry=REGISTRY,
+)
+DEEP_CHECKS_RUNNING = Gauge(
+    "hyperpod_deep_checks_running", "Deep-check runs under way", registry=REGISTRY
+)

@@ -10,11 +10,12 @@ import logging
 from collections import defaultdict
 from dataclasses import replace
 
-from hyperpod_agent.controller import autoresume, hang_plan, safety
+from hyperpod_agent.controller import autoresume, deepcheck_plan, hang_plan, safety
 from hyperpod_agent.controller import hangs as hang_rules
 from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
 from hyperpod_agent.controller.intents import REBOOT_FLAGS
 from hyperpod_agent.controller.reasons import (
+    SPARE,
     OwnedReason,
     Owner,
     Verb,
@@ -23,7 +24,12 @@ from hyperpod_agent.controller.reasons import (
     parse_admin_request,
     parse_reason,
 )
-from hyperpod_agent.controller.replacement import SUPERSEDED, SparePool, resumable_job_on
+from hyperpod_agent.controller.replacement import (
+    SUPERSEDED,
+    SparePool,
+    resumable_job_on,
+    spare_ready,
+)
 from hyperpod_agent.controller.snapshot import (
     Decision,
     Kind,
@@ -82,14 +88,16 @@ class _Ctx:
 
     def __init__(self, snap: Snapshot, config: ControllerConfig, now: float) -> None:
         self.snap, self.config, self.policy, self.now = snap, config, config.policy, now
-        self.busy = {a.node for a in snap.in_flight if a.node is not None}
+        self.busy = {a.node for a in snap.in_flight if a.node is not None} | set(snap.checking)
         self.faults: dict[str, list[FaultRow]] = defaultdict(list)
         for f in snap.open_faults:
             self.faults[f.node].append(f)
         self.slurm_users = (config.slurm_user,)
         # Only the spare pool brings another node in; other providers rebuild the same one.
         self.spares = (
-            SparePool(snap, config.policy, now) if config.provider.kind == "spare_pool" else None
+            SparePool(snap, config.policy, now, config.deep_checks)
+            if config.provider.kind == "spare_pool"
+            else None
         )
 
     def owner(self, node: Node) -> Owner:
@@ -241,16 +249,24 @@ def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
                 and health.verdict is Verdict.HEALTHY
                 and not ctx.stale(node, health)
             )
-            if healthy and ctx.fresh(name) and node.responding:
-                return [
-                    PlannedAction(
-                        Kind.RESUME,
-                        name,
-                        "",
-                        f"healthy again after {ours.verb.value} {ours.component} {ours.code}",
-                    )
-                ]
-            return []
+            if not (healthy and ctx.fresh(name) and node.responding):
+                return []
+            deep = ctx.config.deep_checks
+            if deepcheck_plan.reentry_gated(ours, deep):
+                latest = ctx.snap.check_outcomes.get(name)
+                g = deepcheck_plan.gate(node, latest, deep, ctx.now, ctx.snap.checking)
+                if g.wait:
+                    return []
+                if not g.passed:
+                    return [deepcheck_plan.reentry_check(node, ours, deep)]
+            return [
+                PlannedAction(
+                    Kind.RESUME,
+                    name,
+                    "",
+                    f"healthy again after {ours.verb.value} {ours.component} {ours.code}",
+                )
+            ]
         f, action = _worst(faults)
         if VERB_RANK[_kind_verb(action)[1]] > VERB_RANK[ours.verb]:
             # escalated while out (RESET did not help), or a stronger fault arrived
@@ -319,6 +335,12 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
     """Plan this pass's actions from the snapshot. Pure."""
     ctx = _Ctx(snap, config, now)
     planned, events = _plan_nodes(ctx)
+    ready = {
+        n.name
+        for n in snap.nodes.values()
+        if n.reason.strip() == SPARE and spare_ready(n, snap, config.policy, now) is None
+    }
+    planned += deepcheck_plan.plan_spare_checks(snap, config.deep_checks, now, ready, ctx.busy)
     hangs, stragglers = hang_rules.judge(snap, config.progress, now)
     found, hung = hang_plan.plan(snap, config, hangs, stragglers, ctx.owner, ctx.busy, now)
     planned += found

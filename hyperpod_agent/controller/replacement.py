@@ -10,7 +10,8 @@ lands on healthy nodes only.
 from __future__ import annotations
 
 from hyperpod_agent.controller.autoresume import cap_of, required_nodes
-from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
+from hyperpod_agent.controller.config import ControllerConfig, DeepCheckConfig, PolicyConfig
+from hyperpod_agent.controller.deepcheck_plan import spare_gate
 from hyperpod_agent.controller.reasons import SPARE
 from hyperpod_agent.controller.snapshot import Snapshot
 from hyperpod_agent.health import Action, Verdict
@@ -21,10 +22,17 @@ from hyperpod_agent.slurm.models import Node
 SUPERSEDED = (Action.RESET, Action.REBOOT)
 
 
-def spare_ready(node: Node, snap: Snapshot, policy: PolicyConfig, now: float) -> str | None:
+def spare_ready(
+    node: Node,
+    snap: Snapshot,
+    policy: PolicyConfig,
+    now: float,
+    deep: DeepCheckConfig | None = None,
+) -> str | None:
     """Why ``node`` may not be swapped in now, or None when it may: a spare must be
     responding, and its agent's latest verdict healthy, recent and made since its last
-    boot, with no open fault. A spare nobody vouches for is not put under a job."""
+    boot, with no open fault; with ``deep`` gating spares, qualified by a deep check.
+    A spare nobody vouches for is not put under a job."""
     if node.reason.strip() != SPARE:
         return "not a spare"
     if not node.responding:
@@ -41,6 +49,10 @@ def spare_ready(node: Node, snap: Snapshot, policy: PolicyConfig, now: float) ->
     faults = sorted(f.code for f in snap.open_faults if f.node == node.name)
     if faults:
         return f"open faults {', '.join(faults)}"
+    if deep is not None:
+        qualified = spare_gate(node, snap.check_outcomes, deep, now, snap.checking)
+        if not qualified.passed:
+            return qualified.why
     return None
 
 
@@ -48,11 +60,17 @@ class SparePool:
     """The spares ready this pass (see :func:`spare_ready`); each can be promised to one
     replacement."""
 
-    def __init__(self, snap: Snapshot, policy: PolicyConfig, now: float) -> None:
+    def __init__(
+        self,
+        snap: Snapshot,
+        policy: PolicyConfig,
+        now: float,
+        deep: DeepCheckConfig | None = None,
+    ) -> None:
         self._unready = {
             n.name: why
             for n in snap.nodes.values()
-            if n.reason.strip() == SPARE and (why := spare_ready(n, snap, policy, now))
+            if n.reason.strip() == SPARE and (why := spare_ready(n, snap, policy, now, deep))
         }
         self._all = snap.nodes
         # Spares promised to replacements still under way are not free either.
@@ -61,7 +79,7 @@ class SparePool:
             (
                 n
                 for n in snap.nodes.values()
-                if n.name not in taken and spare_ready(n, snap, policy, now) is None
+                if n.name not in taken and spare_ready(n, snap, policy, now, deep) is None
             ),
             key=lambda n: n.name,
         )

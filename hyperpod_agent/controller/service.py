@@ -21,12 +21,14 @@ from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
+from hyperpod_agent.controller.deepcheck_run import CheckRunner
 from hyperpod_agent.controller.ingest import Heartbeat, Ingest
 from hyperpod_agent.controller.jobwatch import JobWatch
 from hyperpod_agent.controller.policy import decide
-from hyperpod_agent.controller.providers.base import Provider, SlurmApi
+from hyperpod_agent.controller.providers.base import Provider, ProviderError, SlurmApi
+from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.replacement import SparePool
-from hyperpod_agent.controller.snapshot import Decision, NodeHealth, Snapshot
+from hyperpod_agent.controller.snapshot import Decision, Kind, NodeHealth, PlannedAction, Snapshot
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_rows import NodeRow, TrackedJob
 from hyperpod_agent.errors import ConfigError, SlurmError
@@ -73,6 +75,9 @@ class Controller(Ingest):
         self._pruned_at = 0.0
         self._bad_jobs: set[int] = set()  # said once that they cannot be tracked
         self.watch = JobWatch(store)
+        self.checks = CheckRunner(
+            store, slurm, config.deep_checks, (config.slurm_user,), self._escalate
+        )
         for name, row in store.node_rows().items():
             if row.hb_agent_id is not None and row.hb_seq is not None:
                 self._beats[name] = Heartbeat(
@@ -97,6 +102,7 @@ class Controller(Ingest):
                 log.warning("config: %s changed; takes effect after a restart", key)
         self.config = new
         self.executor.config = new
+        self.checks.deep = new.deep_checks
         log.info("config reloaded from %s", self.config_path)
 
     def snapshot(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> Snapshot:
@@ -134,6 +140,8 @@ class Controller(Ingest):
             started_at=self.started_at,
             replaced=self.store.replaced_nodes(),
             findings=self.store.findings_since(now - policy.lemon_window_s),
+            check_outcomes=self.store.latest_outcomes(),
+            checking=frozenset(n for r in self.store.open_check_runs() for n in r.nodes),
         )
 
     def replacement_params(self, node: str) -> dict[str, Any]:
@@ -145,10 +153,28 @@ class Controller(Ingest):
         failed = self.nodes.get(node)
         if self.config.provider.kind == "spare_pool" and failed is not None:
             now = self.clock()
-            pool = SparePool(self.snapshot(self.nodes, self.jobs, now), self.config.policy, now)
+            snap = self.snapshot(self.nodes, self.jobs, now)
+            pool = SparePool(snap, self.config.policy, now, self.config.deep_checks)
             spare = pool.take(failed)
             params = {"spare": spare} if spare else {"no_spare": pool.why_none(failed)}
         return self.provider.prepare(node, self.nodes, params)
+
+    def _escalate(self, node: str, held: str, cause: str) -> None:
+        """A node that failed its deep check after a reboot or repair: replaced, as a
+        fault that came back after its remedy is (the node stays held meanwhile)."""
+        now = self.clock()
+        try:
+            params = self.replacement_params(node)
+        except ProviderError as exc:
+            params = {"no_spare": str(exc)}
+        reason = format_reason(Verb.REPLACE, "deep-check", held.split(" ")[2], cause)
+        action = PlannedAction(Kind.REPLACE, node, reason, cause, params=params)
+        try:  # the node as it is now (held by the run), not as this pass began
+            nodes = {n.name: n for n in self.slurm.list_nodes()}
+        except SlurmError as exc:
+            log.warning("replace %s after its failed deep check: %s (it stays held)", node, exc)
+            return
+        self.executor.execute(Decision([action]), nodes, self.jobs, now)
 
     def _track_jobs(self, snap: Snapshot, now: float) -> None:
         """Remember opted-in jobs (for the API) and close the ones that ended well."""
@@ -183,7 +209,9 @@ class Controller(Ingest):
             log.error("reading Slurm failed (retrying next pass): %s", exc)
             metrics.PASSES.labels("slurm_error").inc()
             return None
-        if self.executor.process_open(nodes, jobs, now):
+        changed = self.executor.process_open(nodes, jobs, now)
+        changed += self.checks.advance(nodes, jobs, now)
+        if changed:
             try:  # decide on what Slurm looks like now, not before those actions
                 nodes = {n.name: n for n in self.slurm.list_nodes()}
                 jobs = self.slurm.list_jobs()

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyperpod_agent.controller.store_checks import NodeOutcome
 from hyperpod_agent.controller.store_rows import ActionRow, FaultRow, FindingRow, TrackedJob
 from hyperpod_agent.health import JobProgress, Verdict
 from hyperpod_agent.slurm.models import Job, Node
@@ -26,6 +27,7 @@ class Kind(enum.StrEnum):
     NOT_RETRIED = "not_retried"
     CANCEL = "cancel"  # a hung job that is not auto-resume, when configured
     FINDING = "finding"  # a hang or straggler declared (params: the finding)
+    CHECK = "check"  # a deep-check run planned (params: nodes, level, purpose, prior)
 
 
 NODE_KINDS = (Kind.DRAIN, Kind.RESUME, Kind.REBOOT, Kind.REPLACE, Kind.HOLD)
@@ -62,6 +64,9 @@ class Snapshot:
     started_at: float = 0.0
     # Nodes held for repair whose replacement came into service: no longer capacity lost.
     replaced: frozenset[str] = frozenset()
+    # Deep checks: each node's newest outcome, and the nodes a run is under way on.
+    check_outcomes: Mapping[str, NodeOutcome] = field(default_factory=dict)
+    checking: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

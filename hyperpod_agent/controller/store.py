@@ -3,14 +3,14 @@ events (store_log.py), and here the nodes' reports and faults."""
 
 from __future__ import annotations
 
-from hyperpod_agent.controller.store_findings import FindingLog
+from hyperpod_agent.controller.store_checks import CheckLog
 from hyperpod_agent.controller.store_rows import FaultIn, FaultRow, NodeRow
 from hyperpod_agent.controller.store_schema import MIGRATIONS
 
 __all__ = ["MIGRATIONS", "Store"]
 
 
-class Store(FindingLog):
+class Store(CheckLog):
     """All controller state. Thread-safe: one connection behind a lock."""
 
     def node_row(self, name: str) -> NodeRow | None:

@@ -184,6 +184,10 @@ class ActionLog(Database):
                 (before,),
             ).rowcount
             removed += db.execute("DELETE FROM findings WHERE at<?", (before,)).rowcount
+            removed += db.execute(
+                "DELETE FROM deep_checks WHERE phase='done' AND updated_at<?", (before,)
+            ).rowcount
+            removed += db.execute("DELETE FROM deep_check_results WHERE at<?", (before,)).rowcount
         return removed
 
     # -- events ---------------------------------------------------------------------

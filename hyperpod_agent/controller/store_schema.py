@@ -53,4 +53,21 @@ MIGRATIONS: list[str] = [
     CREATE UNIQUE INDEX findings_key ON findings(kind, job_id, restart_count, node, step);
     CREATE INDEX findings_at ON findings(at);
     """,
+    # 5: deep checks: one row per run (its phase is the intent log of the run's Slurm
+    # steps) and one per node and run with the outcome.
+    """
+    CREATE TABLE deep_checks (
+        id INTEGER PRIMARY KEY, nodes TEXT NOT NULL, level TEXT NOT NULL,
+        purpose TEXT NOT NULL, phase TEXT NOT NULL, job_id INTEGER,
+        prior TEXT NOT NULL, requested_by TEXT NOT NULL, drain_first INTEGER NOT NULL,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL, deadline REAL,
+        error TEXT NOT NULL DEFAULT '');
+    CREATE INDEX deep_checks_phase ON deep_checks(phase);
+    CREATE TABLE deep_check_results (
+        run_id INTEGER NOT NULL, node TEXT NOT NULL, purpose TEXT NOT NULL,
+        outcome TEXT NOT NULL, check_name TEXT NOT NULL, cause TEXT NOT NULL,
+        ran INTEGER NOT NULL, detail TEXT NOT NULL, at REAL NOT NULL,
+        PRIMARY KEY (run_id, node));
+    CREATE INDEX deep_check_results_node ON deep_check_results(node, at);
+    """,
 ]

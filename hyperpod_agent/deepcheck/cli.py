@@ -9,6 +9,7 @@ stderr, nothing on stdout).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -43,6 +44,18 @@ def _table(result: SuiteResult) -> str:
     return "\n".join(lines)
 
 
+def _write_result(out_dir: Path, result: SuiteResult) -> None:
+    """``OUT/<node>.json`` by write-then-rename: a reader never sees half a result."""
+    target = out_dir / f"{result.nodes[0]}.json"
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(result.model_dump_json(indent=2), encoding="utf-8")
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise click.ClickException(f"cannot write {target}: {exc.strerror}") from exc
+
+
 @deepcheck.command("run")
 @click.option(
     "--suite",
@@ -59,9 +72,21 @@ def _table(result: SuiteResult) -> str:
     multiple=True,
     help="Node the results speak for (default: SLURMD_NODENAME or the host name).",
 )
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Also write the SuiteResult to OUT/<node>.json (atomically): a maintenance job's "
+    "per-node result.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Log every check on stderr.")
 def run_command(
-    suite_path: Path, level: str, as_json: bool, nodes: tuple[str, ...], verbose: bool
+    suite_path: Path,
+    level: str,
+    as_json: bool,
+    nodes: tuple[str, ...],
+    out_dir: Path | None,
+    verbose: bool,
 ) -> None:
     """Run the checks of LEVEL on this node, in suite order."""
     logging.basicConfig(
@@ -71,6 +96,8 @@ def run_command(
     )
     suite = load_suite(suite_path)
     result = run_suite(suite, level, list(nodes) or None)
+    if out_dir is not None:
+        _write_result(out_dir, result)
     click.echo(result.model_dump_json(indent=2) if as_json else _table(result))
     raise click.exceptions.Exit(result.exit_code)
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import procs
+from hyperpod_agent.localcluster import deepchecks, procs
 from hyperpod_agent.localcluster.namespaces import is_mount
 
 if TYPE_CHECKING:
@@ -127,6 +127,7 @@ class Services:
                 "checkpoint_root": str(self.dir / "checkpoints"),
             },
             "provider": {"kind": "spare_pool"},
+            "deep_checks": deepchecks.controller_section(self.dir),
         }
 
     def agent_config(self, node: str) -> dict[str, Any]:
@@ -180,6 +181,7 @@ class Services:
         from hyperpod_agent.controller.config import ControllerConfig
 
         etc = self.dir / "etc"
+        deepchecks.install(self.dir)
         ControllerConfig.model_validate(self.controller_config())
         (etc / "controller.toml").write_text(to_toml(self.controller_config()))
         # What `hyperpod status/nodes/...` read (with HYPERPOD_LOCAL_CLUSTER_DIR=DIR).

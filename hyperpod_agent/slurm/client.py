@@ -18,6 +18,7 @@ from pathlib import Path
 from hyperpod_agent.errors import SlurmError, SlurmTimeout
 from hyperpod_agent.slurm import parse
 from hyperpod_agent.slurm.hostlist import compress_hostlist
+from hyperpod_agent.slurm.maint import MaintenanceCalls
 from hyperpod_agent.slurm.models import Job, Node
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def _check_job(job_id: int) -> str:
     return str(job_id)
 
 
-class SlurmClient:
+class SlurmClient(MaintenanceCalls):
     """Runs Slurm's command-line tools against one cluster (CLI backend).
 
     ``slurm_conf`` selects the cluster (sets SLURM_CONF); ``timeout`` bounds every command in
@@ -190,15 +191,17 @@ class SlurmClient:
 
     def reboot(self, node: str, reason: str, asap: bool = True, next_state: str = "resume") -> None:
         """Ask slurmctld to reboot ``node`` (via RebootProgram) once idle; with ``asap`` the node
-        is drained meanwhile. ``next_state`` is ``resume`` or ``down``."""
+        is drained meanwhile. ``next_state`` is ``resume``, ``down``, or ``""``: the node
+        keeps the state it had (a node drained before stays drained after the reboot)."""
         _check_node(node)
         reason = _check_reason(reason)
-        if next_state not in ("resume", "down"):
+        if next_state not in ("resume", "down", ""):
             raise _usage(
-                ["scontrol", "reboot"], f"next_state must be resume or down: {next_state!r}"
+                ["scontrol", "reboot"], f"next_state must be resume, down or '': {next_state!r}"
             )
         argv = ["scontrol", "reboot"] + (["ASAP"] if asap else [])
-        argv += [f"nextstate={next_state}", f"reason={reason}", node]
+        argv += [f"nextstate={next_state}"] if next_state else []
+        argv += [f"reason={reason}", node]
         self._change(argv, "reboot", node, reason)
 
     def set_address(self, node: str, addr: str, hostname: str | None = None) -> None:

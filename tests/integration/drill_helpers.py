@@ -173,19 +173,26 @@ class Drill:
         self.services.start_agent(node)
 
     # ------------------------------------------------------------------ controller
-    def fresh_controller(self, timeout: float = 30.0, policy: dict[str, Any] | None = None) -> None:
+    def fresh_controller(
+        self,
+        timeout: float = 30.0,
+        policy: dict[str, Any] | None = None,
+        deep_checks: dict[str, Any] | None = None,
+    ) -> None:
         """Restart the controller on empty state, and every agent with it.
 
         Drills are first faults: fault history left by an earlier run would escalate
         (RESET -> REBOOT -> REPLACE) or hold a node as a lemon. The agents restart too,
         so each sends a full report to the new controller at once. ``policy`` overrides
-        the local cluster's policy settings until the next fresh controller.
+        the local cluster's policy settings until the next fresh controller, and
+        ``deep_checks`` its deep-check settings (the gates).
         """
         for node in self.all_nodes:
             self.services.stop(f"agent-{node}")
         self.services.stop("controller")
         config = self.services.controller_config()
         config["policy"].update(policy or {})
+        config["deep_checks"].update(deep_checks or {})
         (self.cluster.dir / "etc" / "controller.toml").write_text(to_toml(config))
         state = self.cluster.dir / "state"
         for path in state.glob("controller.db*"):

@@ -8,10 +8,12 @@ for the same params; ``poll`` says whether the replacement is in service.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from hyperpod_agent.errors import HyperpodError
+from hyperpod_agent.slurm.maint import Reservation
 from hyperpod_agent.slurm.models import Job, Node
 
 
@@ -45,6 +47,27 @@ class SlurmApi(Protocol):
     def cancel(self, job_id: int, signal: str | int | None = None) -> None: ...
 
     def node(self, name: str) -> Node: ...
+
+    # deep checks: maintenance reservations and the check job (slurm/maint.py)
+    def reservations(self) -> list[Reservation]: ...
+
+    def create_maint_reservation(
+        self, name: str, nodes: Sequence[str], minutes: int, users: Sequence[str]
+    ) -> None: ...
+
+    def delete_reservation(self, name: str) -> bool: ...
+
+    def submit_batch(
+        self,
+        script: Path,
+        *,
+        job_name: str,
+        nodes: Sequence[str],
+        reservation: str,
+        minutes: int,
+        output: Path,
+        partition: str | None = None,
+    ) -> int: ...
 
 
 Handle = dict[str, Any]

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from itertools import count
+from pathlib import Path
 
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.snapshot import NodeHealth
 from hyperpod_agent.controller.store_rows import ActionRow, FaultRow
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.health import Verdict
+from hyperpod_agent.slurm.maint import Reservation
 from hyperpod_agent.slurm.models import Job, Node
 
 NOW = 1_800_000_000.0
@@ -140,6 +143,7 @@ class FakeSlurm:
         self.calls: list[tuple[object, ...]] = []
         self.fail_next: dict[str, int] = {}
         self.read_fails = 0
+        self.resv: dict[str, Reservation] = {}
 
     def _maybe_fail(self, what: str) -> None:
         if self.fail_next.get(what, 0) > 0:
@@ -195,6 +199,49 @@ class FakeSlurm:
         if name not in self.nodes:
             raise SlurmError(["scontrol", "show", "node", name], 1, "", f"unknown node {name}")
         return self.nodes[name]
+
+    # -- maintenance reservations and batch jobs (deep checks) ----------------------
+    def reservations(self) -> list[Reservation]:
+        return list(self.resv.values())
+
+    def create_maint_reservation(
+        self, name: str, nodes: Sequence[str], minutes: int, users: Sequence[str]
+    ) -> None:
+        self.calls.append(("create_reservation", name, tuple(nodes)))
+        self._maybe_fail("create_reservation")
+        if name in self.resv:
+            raise SlurmError(["scontrol"], 1, "Error creating the reservation: Duplicate name")
+        busy = [n for n in nodes if self.nodes[n].state in ("ALLOCATED", "MIXED")]
+        if busy:
+            raise SlurmError(
+                ["scontrol"], 1, "Error creating the reservation: Requested nodes are busy"
+            )
+        self.resv[name] = Reservation(
+            name, tuple(nodes), frozenset({"MAINT"}), tuple(users), "ACTIVE"
+        )
+
+    def delete_reservation(self, name: str) -> bool:
+        self.calls.append(("delete_reservation", name))
+        if any(j.name == name and j.state == "RUNNING" for j in self.jobs.values()):
+            raise SlurmError(["scontrol"], 1, "Requested reservation is in use")
+        return self.resv.pop(name, None) is not None
+
+    def submit_batch(
+        self,
+        script: Path,
+        *,
+        job_name: str,
+        nodes: Sequence[str],
+        reservation: str,
+        minutes: int,
+        output: Path,
+        partition: str | None = None,
+    ) -> int:
+        self.calls.append(("submit", job_name, tuple(nodes), reservation))
+        self._maybe_fail("submit")
+        job_id = max(self.jobs, default=0) + 1
+        self.jobs[job_id] = Job(job_id=job_id, name=job_name, state="RUNNING", nodes=tuple(nodes))
+        return job_id
 
     def names(self, kind: str) -> list[object]:
         return [c[1] for c in self.calls if c[0] == kind]

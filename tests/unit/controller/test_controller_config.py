@@ -127,3 +127,36 @@ def test_checkpoint_root(text: str, expected: Path | None) -> None:
 def test_checkpoint_root_must_be_absolute() -> None:
     with pytest.raises(ConfigError, match="auto_resume: .*checkpoint_root must be an absolute"):
         parse_config('[auto_resume]\ncheckpoint_root = "ckpt"', P)
+
+
+# --- [deep_checks] ------------------------------------------------------------------------
+
+
+def test_deep_check_gates_need_a_suite(tmp_path: Path) -> None:
+    path = tmp_path / "controller.toml"
+    path.write_text("[deep_checks]\ngate_spares = true\n")
+    with pytest.raises(ConfigError, match="need suite"):
+        load_config(path)
+
+
+def test_a_malformed_suite_stops_the_controller_naming_the_file(tmp_path: Path) -> None:
+    suite = tmp_path / "deep-checks.toml"
+    suite.write_text("[[checks]]\nname = 'x'\nkind = 'warp-drive'\n")
+    path = tmp_path / "controller.toml"
+    path.write_text(f'[deep_checks]\nsuite = "{suite}"\n')
+    with pytest.raises(ConfigError, match="deep-checks.toml"):
+        load_config(path)
+    suite.write_text(
+        "[[checks]]\nname = 'site'\nkind = 'script'\npath = '/bin/true'\ngating = false\n"
+    )
+    with pytest.raises(ConfigError, match="no gating check at level 'quick'"):
+        load_config(path)
+    suite.write_text("[[checks]]\nname = 'dcgm'\nkind = 'dcgm'\n")
+    assert load_config(path).deep_checks.suite == suite
+
+
+def test_deep_check_paths_must_be_absolute(tmp_path: Path) -> None:
+    path = tmp_path / "controller.toml"
+    path.write_text('[deep_checks]\nresults_dir = "relative/dir"\n')
+    with pytest.raises(ConfigError, match="must be an absolute path"):
+        load_config(path)

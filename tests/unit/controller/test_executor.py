@@ -339,3 +339,37 @@ def test_command_provider_times_out(tmp_path: Path) -> None:
     handle = {"node": "node1", "started_at": NOW, "deadline": NOW + 30}
     assert provider.poll(handle, slurm.nodes, NOW + 10) is ReplaceStatus.PENDING
     assert provider.poll(handle, slurm.nodes, NOW + 31) is ReplaceStatus.FAILED
+
+
+def test_with_the_reentry_gate_a_reboot_keeps_the_node_drained(store: Store) -> None:
+    """``scontrol reboot ASAP nextstate=resume`` would put the node back in service by
+    itself after the boot; with the gate it is drained and rebooted with no next
+    state, so it stays out until it passes its deep checks."""
+    reason = "hyperpod:reboot gpu3 xid79 x"
+    reboot = PlannedAction(Kind.REBOOT, "node2", reason, "xid79")
+    slurm = FakeSlurm(cluster(4))
+    make(store, slurm).execute(Decision([reboot]), slurm.nodes, [], NOW)
+    assert slurm.calls == [("reboot", "node2", reason)]
+    gated = config(deep_checks={"suite": "/etc/hyperpod/deep-checks.toml", "gate_reentry": True})
+    slurm = FakeSlurm(cluster(4))
+    calls: list[tuple[object, ...]] = []
+    slurm.reboot = lambda n, r, asap=True, next_state="resume": calls.append((n, asap, next_state))  # type: ignore[method-assign]
+    make(store, slurm, gated).execute(Decision([reboot]), slurm.nodes, [], NOW + 100)
+    assert slurm.calls == [("drain", "node2", reason)]
+    assert calls == [("node2", False, "")]
+
+
+def test_a_check_is_recorded_as_a_run_not_sent_to_slurm(store: Store) -> None:
+    slurm = FakeSlurm(cluster(4))
+    params = {"nodes": ["node2"], "level": "quick", "purpose": "reentry", "prior": {"node2": "r"}}
+    check = PlannedAction(Kind.CHECK, "node2", "", "deep check before resuming", params=params)
+    make(store, slurm).execute(Decision([check]), slurm.nodes, [], NOW)
+    assert slurm.calls == []
+    [run] = store.open_check_runs()
+    assert (run.nodes, run.purpose, run.phase, run.prior) == (
+        ("node2",),
+        "reentry",
+        "reserve",
+        {"node2": "r"},
+    )
+    assert [e.kind for e in store.events()] == ["deep_check_planned"]

@@ -142,3 +142,14 @@ def test_level_without_gating_check_exits_2(fakes: Fakes, tmp_path: Path) -> Non
     done = deepcheck(fakes, "run", "--suite", str(only), "--level", "quick")
     assert done.returncode == 2
     assert done.stderr == "deepcheck: error: no gating check at level 'quick'\n"
+
+
+def test_out_writes_the_nodes_result_file(fakes: Fakes, suite_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    out.mkdir()
+    fakes.write({"nodes": {"gpu-007": {"dcgmi": {"fail": [{"test": "software", "gpu": 1}]}}}})
+    res = deepcheck(fakes, "run", "--suite", str(suite_file), "--out", str(out), node="gpu-007")
+    assert res.returncode == 1, res.stderr
+    written = SuiteResult.model_validate_json((out / "gpu-007.json").read_text())
+    assert written.nodes == ["gpu-007"] and written.outcome.value == "FAIL"
+    assert [p.name for p in out.iterdir()] == ["gpu-007.json"]  # no temporary file left

@@ -116,6 +116,30 @@ def fake(tmp_path: Path) -> Fake:
             ["scontrol", "reboot", "nextstate=down", "reason=r", "node1"],
         ),
         (
+            lambda c: c.reboot("node1", "r", asap=False, next_state=""),
+            ["scontrol", "reboot", "reason=r", "node1"],
+        ),
+        (
+            lambda c: c.create_maint_reservation(
+                "hyperpod-check-1-9", ["node4", "node5"], 12, ["root"]
+            ),
+            [
+                "scontrol",
+                "create",
+                "reservation",
+                "ReservationName=hyperpod-check-1-9",
+                "Nodes=node[4-5]",
+                "StartTime=now",
+                "Duration=12",
+                "Users=root",
+                "Flags=MAINT",
+            ],
+        ),
+        (
+            lambda c: c.delete_reservation("hyperpod-check-1-9"),
+            ["scontrol", "delete", "ReservationName=hyperpod-check-1-9"],
+        ),
+        (
             lambda c: c.set_address("node5", "10.0.0.9"),
             ["scontrol", "update", "nodename=node5", "nodeaddr=10.0.0.9"],
         ),
@@ -380,3 +404,19 @@ def test_format_reason_is_always_accepted(fake: Fake) -> None:
     assert len(reason) <= REASON_MAX_LEN
     fake.client().drain("node1", reason)
     assert fake.argvs()[0][-1] == f"reason={reason}"
+
+
+def test_deleting_a_reservation_already_gone_is_not_an_error(fake: Fake) -> None:
+    client = fake.client()
+    err = "delete_reservation ReservationName=hyperpod-check-1-9: Requested reservation is invalid"
+    fake.answer("scontrol", err=err, rc=1)
+    assert client.delete_reservation("hyperpod-check-1-9") is False
+    fake.answer("scontrol", err="delete_reservation: Requested reservation is in use", rc=1)
+    with pytest.raises(SlurmError, match="in use"):
+        client.delete_reservation("hyperpod-check-1-9")
+
+
+def test_reservations_are_parsed(fake: Fake) -> None:
+    client = fake.client()
+    fake.answer("scontrol", out="No reservations in the system\n")
+    assert client.reservations() == []
