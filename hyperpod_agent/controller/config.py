@@ -287,6 +287,6 @@ def check_suite(deep: DeepCheckConfig) -> None:
     check: a malformed suite stops the controller (or a reload) with the file's error."""
     assert deep.suite is not None
     suite = load_suite(deep.suite)
-    for level in {deep.reentry_level, deep.spare_level}:
+    for level in dict.fromkeys((deep.reentry_level, deep.spare_level)):
         if not any(c.gating for c in suite.at_level(level)):
             raise ConfigError(f"{deep.suite}: no gating check at level {level!r}")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hyperpod_agent import progress_format
 from hyperpod_agent.errors import HyperpodError
@@ -314,3 +314,27 @@ def freeze_ranks(cluster: LocalCluster, job_id: int, node: str) -> list[int]:
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     return pids
+
+
+def fresh_controller(
+    cluster: LocalCluster,
+    policy: dict[str, Any] | None = None,
+    deep_checks: dict[str, Any] | None = None,
+) -> None:
+    """Restart the controller on empty state with ``policy`` and ``deep_checks``
+    overrides, and every agent with it (each sends a full report to the new one)."""
+    from hyperpod_agent.localcluster.services import to_toml
+
+    services = cluster.services
+    for node in cluster.shape.all_names:
+        services.stop(f"agent-{node}")
+    services.stop("controller")
+    config = services.controller_config()
+    config["policy"].update(policy or {})
+    config["deep_checks"].update(deep_checks or {})
+    (cluster.dir / "etc" / "controller.toml").write_text(to_toml(config))
+    for path in (cluster.dir / "state").glob("controller.db*"):
+        path.unlink()
+    services.start_controller()
+    for node in cluster.shape.all_names:
+        services.start_agent(node)

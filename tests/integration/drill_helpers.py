@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.errors import LocalClusterError, SlurmError
+from hyperpod_agent.localcluster import drill
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services, to_toml
+from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services
 from hyperpod_agent.slurm.models import Node
 
 CMD_TIMEOUT = 20.0
@@ -187,19 +188,7 @@ class Drill:
         the local cluster's policy settings until the next fresh controller, and
         ``deep_checks`` its deep-check settings (the gates).
         """
-        for node in self.all_nodes:
-            self.services.stop(f"agent-{node}")
-        self.services.stop("controller")
-        config = self.services.controller_config()
-        config["policy"].update(policy or {})
-        config["deep_checks"].update(deep_checks or {})
-        (self.cluster.dir / "etc" / "controller.toml").write_text(to_toml(config))
-        state = self.cluster.dir / "state"
-        for path in state.glob("controller.db*"):
-            path.unlink()
-        self.services.start_controller(timeout=timeout)
-        for node in self.all_nodes:
-            self.services.start_agent(node)
+        drill.fresh_controller(self.cluster, policy, deep_checks)
         wait_for(
             "every agent reporting to the new controller",
             lambda: (

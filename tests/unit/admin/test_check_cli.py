@@ -54,3 +54,17 @@ def test_the_table_names_every_node_and_check() -> None:
     assert lines[2].split() == ["node1", "nccl", "OK", "1.2", "node1", "OK"]
     assert lines[3].split()[:3] == ["node2", "nccl", "FAIL"]
     assert lines[-1] == "node1 OK, node2 FAIL"
+
+
+def test_node_show_lists_the_deep_check_outcomes() -> None:
+    from datetime import UTC, datetime
+
+    outcome = {
+        "run_id": 4, "node": "node2", "purpose": "reentry", "outcome": "FAIL",
+        "check": "nccl", "cause": "busbw 40 GB/s < floor 150 GB/s", "ran": True,
+        "at": "2026-11-24T10:00:00+00:00",
+    }  # fmt: skip
+    text = render.node_detail({"name": "node2", "deep_checks": [outcome]}, datetime.now(UTC))
+    section = text.split("Deep checks:\n", 1)[1].splitlines()
+    assert section[0].split() == ["AT", "RUN", "PURPOSE", "OUTCOME", "CHECK", "CAUSE"]
+    assert section[1].split()[2:6] == ["4", "reentry", "FAIL", "nccl"]

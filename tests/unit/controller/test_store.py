@@ -175,3 +175,47 @@ def test_prune_forgets_old_history_but_never_open_state(store: Store) -> None:
     assert [a.id for a in store.open_actions()] == [open_intent]
     assert store.action(old_done) is None
     assert set(store.jobs()) == {8}
+
+
+# --- deep-check runs ------------------------------------------------------------------------
+
+
+def test_deep_check_runs_and_outcomes(tmp_path: Path) -> None:
+    from hyperpod_agent.controller.store_checks import NodeOutcome
+    from hyperpod_agent.controller.store_rows import EventIn
+
+    store = Store(tmp_path / "s.db")
+    ev = EventIn("deep_check_planned", "planned")
+    first = store.add_check_run(
+        ["node1", "node2"], "quick", "admin", {"node1": ""}, "u", False, 100.0, ev
+    )
+    second = store.add_check_run(["node1"], "full", "spare", {}, "u", True, 200.0, ev)
+    assert [r.id for r in store.open_check_runs()] == [first, second]
+    assert store.check_run(second).phase == "draining"  # type: ignore[union-attr]
+    store.set_check_phase(
+        first,
+        "restore",
+        150.0,
+        job_id=7,
+        outcomes=[
+            NodeOutcome(first, "node1", "admin", "OK", "", "fine", True, 150.0),
+            NodeOutcome(first, "node2", "admin", "FAIL", "nccl", "slow", True, 150.0, [{"a": 1}]),
+        ],
+    )
+    store.set_check_phase(
+        second,
+        "restore",
+        250.0,
+        outcomes=[NodeOutcome(second, "node1", "spare", "FAIL", "dcgm", "ecc", True, 250.0)],
+    )
+    latest = store.latest_outcomes()
+    assert (latest["node1"].run_id, latest["node1"].outcome) == (second, "FAIL")
+    assert latest["node2"].detail == [{"a": 1}]
+    store.set_check_phase(first, "done", 300.0, touch_outcomes=True)
+    assert store.latest_outcomes()["node1"].run_id == first  # dated when its nodes were back
+    assert [r.id for r in store.open_check_runs()] == [second]
+    assert [o.run_id for o in store.node_outcomes("node1")] == [first, second]
+    with pytest.raises(ValueError, match="unknown phase"):
+        store.set_check_phase(first, "sideways", 300.0)
+    assert store.prune(1000.0) > 0 and store.check_run(first) is None
+    assert store.check_run(second) is not None  # open runs are never pruned
