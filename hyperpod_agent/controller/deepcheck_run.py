@@ -98,11 +98,17 @@ class CheckRunner:
     ) -> int:
         """Step ``run`` on, through the phases this pass's view of Slurm still serves:
         reserving and submitting change no node, so the resume and the submission need
-        not wait for the next pass; ``running`` and ``restore`` need a fresh view."""
+        not wait for the next pass, nor the restore after a job seen ended; a restore
+        after a resume in the same pass would not see the resumed nodes."""
         changed = self._step(run, nodes, jobs, now)
-        for _ in CHAINED:
+        for _ in range(len(CHAINED) + 1):
             after = self.store.check_run(run.id)
-            if after is None or after.phase == run.phase or after.phase not in CHAINED:
+            # a run that saw its job end changed no node in this pass: its restore may
+            # follow at once; after a resume the view is stale, so never then
+            collected = run.phase == "running" and after is not None and after.phase == "restore"
+            if after is None or after.phase == run.phase:
+                break
+            if after.phase not in CHAINED and not collected:
                 break
             run = after
             changed += self._step(run, nodes, jobs, now)

@@ -229,6 +229,10 @@ class Controller(Ingest):
         decision = self._dedupe(decision, now)
         if self.executor.execute(decision, nodes, jobs, now):
             nodes, jobs = self._reread(nodes, jobs)  # so the API shows what we just did
+        if any(a.kind is Kind.CHECK for a in decision.actions):
+            # start the runs just planned now, not a pass later
+            if self.checks.advance(nodes, jobs, now):
+                nodes, jobs = self._reread(nodes, jobs)
         self.nodes, self.jobs, self.last_pass_at = nodes, jobs, now
         self._gauges(nodes, snap)
         if now - self._pruned_at >= PRUNE_EVERY_S:

@@ -129,8 +129,7 @@ def test_each_outcome_puts_the_node_in_its_place(
     cause = {"FAIL": "busbw 40 GB/s < floor", "UNKNOWN": "timed out"}.get(outcome.value, "ok")
     world.result(rid, name, outcome, cause)
     world.end_job(rid)
-    world.step()  # collects the result
-    world.step()  # restores the node, removes the reservation
+    world.step()  # collects the result, restores the node, removes the reservation
     got = world.slurm.nodes[name]
     assert got.reason.startswith(reason) if reason else not got.drained
     assert got.drained == bool(reason)
