@@ -57,12 +57,20 @@ def hyperpod_json(cluster: LocalCluster, *args: str) -> Any:
 def prepare(cluster: LocalCluster, gates: dict[str, Any], dcgm_s: float) -> float:
     """A clean cluster with the broken spare; with gates, wait for the spares'
     qualification and return how long their check run took (planned -> done)."""
+    # The last trial's controller goes first: with its gates on, the spares drained
+    # back into the pool by the reset would start a run that the fresh state forgets.
+    cluster.services.stop("controller")
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    for job in slurm.list_jobs(all_states=False):
+        slurm.cancel(job.job_id)
     drill.reset_cluster(cluster)
+    for resv in slurm.reservations():
+        if resv.name.startswith("hyperpod-check-"):
+            slurm.delete_reservation(resv.name)
     broken = {"dcgmi": {"delay_s": dcgm_s, "fail": [{"test": "memory", "gpu": 3}]}}
     nodes = {n: {"dcgmi": {"delay_s": dcgm_s}} for n in cluster.shape.all_names}
     deepchecks.write_scenario(cluster.dir, {**nodes, BROKEN: broken})
     drill.fresh_controller(cluster, deep_checks=gates)
-    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
     if not gates:
         return 0.0
     drill.wait_for(

@@ -38,6 +38,7 @@ from hyperpod_agent.controller.deepcheck_outcomes import (
     timed_out,
 )
 from hyperpod_agent.controller.providers.base import SlurmApi
+from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store_rows import EventIn
@@ -57,6 +58,8 @@ _CANCEL_GRACE_S = 60.0
 CheckSlurm = SlurmApi
 # phases a run may enter and go through in the same pass (see CheckRunner._steps)
 CHAINED = ("reserve", "resume", "submit")
+RUN_PREFIX = "hyperpod-check-"  # CheckRun.reservation
+SWEEP_EVERY_S = 600.0
 
 # (node, hold reason, cause) -> the controller replaces a node that failed re-entry
 Escalate = Callable[[str, str, str], None]
@@ -77,6 +80,7 @@ class CheckRunner:
         self.slurm_users = tuple(slurm_users)
         self.escalate = escalate
         self.user = pwd.getpwuid(os.getuid()).pw_name
+        self._swept_at = float("-inf")
 
     def advance(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
         """One step of every open run; how many changed Slurm."""
@@ -90,7 +94,40 @@ class CheckRunner:
                 # Retried next pass; a run that cannot get its Slurm step done is ended
                 # at its deadline (running) or by a later failure.
                 log.warning("deep check run %d (%s): %s (retrying)", run.id, run.phase, exc)
+        if now - self._swept_at >= SWEEP_EVERY_S:
+            try:
+                changed += self.sweep(nodes, jobs, now)
+                self._swept_at = now
+            except SlurmError as exc:
+                log.warning("deep checks: looking for left-over reservations: %s", exc)
         metrics.DEEP_CHECKS_RUNNING.set(len(self.store.open_check_runs()))
+        return changed
+
+    def sweep(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
+        """Remove check reservations no open run owns (a state database restored or
+        started afresh under a run). Their nodes were resumed by that run and what
+        they were before is lost: a node in service inside one is held, never put
+        into service blind."""
+        owned = {r.reservation for r in self.store.open_check_runs()}
+        changed = 0
+        for resv in self.slurm.reservations():
+            if not resv.name.startswith(RUN_PREFIX) or resv.name in owned:
+                continue
+            for job in jobs:
+                if job.name == resv.name and job.state.upper() not in ENDED:
+                    self.slurm.cancel(job.job_id)
+            why = f"left-over reservation {resv.name} removed; its state before is unknown"
+            held = []
+            for name in resv.nodes:
+                node = nodes.get(name)
+                if node is not None and not node.drained and not node.reason:
+                    self.slurm.drain(name, format_reason(Verb.HOLD, "deep-check", "orphan", why))
+                    held.append(name)
+            self.slurm.delete_reservation(resv.name)
+            message = f"deep checks: {why}" + (f"; held {', '.join(held)}" if held else "")
+            self.store.add_event("deep_check_orphan", message, now, cause="no run owns it")
+            log.warning("%s", message)
+            changed += 1
         return changed
 
     def _steps(

@@ -252,3 +252,25 @@ def test_an_unreadable_result_file_is_unknown(world: World) -> None:
     world.step()
     [o] = world.store.run_outcomes(rid)
     assert o.outcome == "UNKNOWN" and "unreadable" in o.cause
+
+
+def test_left_over_reservations_are_removed_and_their_nodes_held(world: World) -> None:
+    from hyperpod_agent.slurm.maint import Reservation
+    from hyperpod_agent.slurm.models import Job
+
+    maint = frozenset({"MAINT"})
+    orphan = Reservation("hyperpod-check-9-123", ("node1", "node4"), maint, ("root",), "ACTIVE")
+    theirs = Reservation("site-maintenance", ("node2",), maint, ("root",), "ACTIVE")
+    world.slurm.resv = {r.name: r for r in (orphan, theirs)}
+    world.slurm.jobs[50] = Job(job_id=50, name=orphan.name, state="RUNNING", nodes=("node1",))
+    rid = world.plan(["node3"], "admin")
+    world.step()  # the run's own reservation is made in this pass too
+    owned = world.run(rid).reservation
+    assert set(world.slurm.resv) == {"site-maintenance", owned}
+    assert ("cancel", 50) in world.slurm.calls
+    assert world.slurm.nodes["node1"].reason.startswith("hyperpod:hold deep-check orphan")
+    assert world.slurm.nodes["node4"].reason == SPARE  # a drained node is left as it is
+    assert "deep_check_orphan" in world.kinds()
+    world.slurm.resv["hyperpod-check-10-1"] = orphan
+    world.step(60)  # swept again only after SWEEP_EVERY_S
+    assert "hyperpod-check-10-1" in world.slurm.resv
