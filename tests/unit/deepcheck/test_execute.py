@@ -3,6 +3,7 @@ process group down, a missing binary named. Real processes (/bin/sh), no mocks."
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -116,10 +117,18 @@ def test_nonsense_limits_are_refused(limit: int) -> None:
 
 
 def test_no_file_descriptor_leaks() -> None:
-    before = len(os.listdir("/proc/self/fd"))
-    for _ in range(5):
-        run(["sh", "-c", "echo x"], timeout_s=10, env=ENV)
-    assert len(os.listdir("/proc/self/fd")) == before
+    # Sockets and files earlier tests left to the garbage collector would close in the
+    # middle and change the count: collect them first, and keep the collector still.
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        for _ in range(5):
+            run(["sh", "-c", "echo x"], timeout_s=10, env=ENV)
+        after = len(os.listdir("/proc/self/fd"))
+    finally:
+        gc.enable()
+    assert after == before
 
 
 def test_group_members_reads_the_process_table(tmp_path: Path) -> None:
