@@ -18,6 +18,7 @@ from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, loa
 from hyperpod_agent.controller.providers import make_provider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store_url import SqliteLocation
 from hyperpod_agent.errors import ConfigError, HyperpodError
 from hyperpod_agent.sdnotify import sd_notify
 
@@ -62,9 +63,11 @@ def build(config: ControllerConfig, config_path: Path | None) -> Controller:
     from hyperpod_agent.slurm.client import SlurmClient
 
     check_watchdog(config, os.environ)
-    _lock_state(config.state_db)
+    location = config.store_location()
+    if isinstance(location, SqliteLocation):
+        _lock_state(location.path)
     slurm = SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s)
-    store = Store(config.state_db)
+    store = Store(location)
     return Controller(config, store, slurm, make_provider(config.provider, slurm), config_path)
 
 
@@ -115,19 +118,22 @@ def serve(controller: Controller) -> None:
         controller.store.close()
 
 
-@click.group("controller")
-def controller() -> None:
-    """The controller: the only component that changes Slurm state."""
-
-
-@controller.command("run")
-@click.option(
+_config_option = click.option(
     "--config",
     "config_path",
     type=click.Path(path_type=Path),
     default=None,
     help=f"Controller config (TOML). [default: {DEFAULT_PATH} if present]",
 )
+
+
+@click.group("controller")
+def controller() -> None:
+    """The controller: the only component that changes Slurm state."""
+
+
+@controller.command("run")
+@_config_option
 def run(config_path: Path | None) -> None:
     """Serve the API and run the reconcile loop until stopped."""
     config = load_config(config_path)
@@ -142,6 +148,20 @@ def run(config_path: Path | None) -> None:
             else (DEFAULT_PATH if DEFAULT_PATH.exists() else None),
         )
     )
+
+
+@controller.command("migrate")
+@_config_option
+def migrate(config_path: Path | None) -> None:
+    """Upgrade the state store's schema (SQLite or PostgreSQL) to this version's."""
+    location = load_config(config_path).store_location()
+    store = Store(location, migrate=False)
+    try:
+        before = store.schema_version()
+        after = store.migrate()
+    finally:
+        store.close()
+    click.echo(f"{location.url}: schema version {before} -> {after}")
 
 
 def main() -> None:
