@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import socket
@@ -18,30 +17,10 @@ from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, loa
 from hyperpod_agent.controller.providers import make_provider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_url import SqliteLocation
-from hyperpod_agent.errors import ConfigError, HyperpodError
+from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.sdnotify import sd_notify
 
 log = logging.getLogger(__name__)
-
-
-_LOCKS: list[object] = []
-
-
-def _lock_state(db: Path) -> None:
-    """One controller per state database: two would act twice on every fault."""
-    path = db.with_name(db.name + ".lock")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot create lock file: {exc.strerror}") from exc
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        handle.close()
-        raise HyperpodError(f"{db}: another controller is running on this state") from exc
-    _LOCKS.append(handle)  # held until the process exits
 
 
 def check_watchdog(config: ControllerConfig, environ: Mapping[str, str]) -> None:
@@ -63,11 +42,15 @@ def build(config: ControllerConfig, config_path: Path | None) -> Controller:
     from hyperpod_agent.slurm.client import SlurmClient
 
     check_watchdog(config, os.environ)
-    location = config.store_location()
-    if isinstance(location, SqliteLocation):
-        _lock_state(location.path)
+    # Claim the state before migrating it: a second controller must change nothing.
+    store = Store(config.store_location(), migrate=False)
+    try:
+        store.claim()
+        store.migrate()
+    except BaseException:
+        store.close()
+        raise
     slurm = SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s)
-    store = Store(location)
     return Controller(config, store, slurm, make_provider(config.provider, slurm), config_path)
 
 

@@ -29,6 +29,8 @@ class Backend(Protocol):
 
     def lock_schema(self, db: Tx) -> None: ...
 
+    def claim(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -76,6 +78,11 @@ class Database:
 
     def close(self) -> None:
         self._backend.close()
+
+    def claim(self) -> None:
+        """One controller per state: two would act twice on every fault. HyperpodError
+        when another holds it."""
+        self._backend.claim()
 
     @contextmanager
     def _tx(self, durable: bool = False) -> Iterator[Tx]:

@@ -22,10 +22,12 @@ from psycopg_pool import ConnectionPool
 
 from hyperpod_agent.controller.store_dialect import POSTGRESQL, Cursor, Tx
 from hyperpod_agent.controller.store_url import PostgresLocation
-from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.errors import ConfigError, HyperpodError
 
-# pg_advisory_xact_lock key serialising migrations between controllers ("hypr").
+# Advisory lock keys: migrations between controllers ("hypr"), and the one
+# controller running on a database ("hypc").
 _SCHEMA_LOCK = 0x68797072
+_CONTROLLER_LOCK = 0x68797063
 
 
 def one_line(exc: BaseException) -> str:
@@ -70,6 +72,8 @@ class PostgresBackend:
         }
         if password is not None:
             kwargs["password"] = password
+        self._conninfo, self._kwargs = location.conninfo, kwargs
+        self._claim: psycopg.Connection[Any] | None = None
         # One plain connection first: it fails with libpq's own reason (refused,
         # authentication, no such database) where the pool would only time out.
         try:
@@ -90,7 +94,20 @@ class PostgresBackend:
         self._lock = threading.RLock()
 
     def close(self) -> None:
+        if self._claim is not None:
+            self._claim.close()
         self._pool.close()
+
+    def claim(self) -> None:
+        """Keep any other controller off this database while this one runs: a
+        session advisory lock on a connection of its own, released when it closes or
+        the process dies."""
+        conn = psycopg.connect(self._conninfo, **self._kwargs)
+        row = conn.execute("SELECT pg_try_advisory_lock(%s)", (_CONTROLLER_LOCK,)).fetchone()
+        if not (row and row[0]):
+            conn.close()
+            raise HyperpodError(f"{self.where}: another controller is running on this state")
+        self._claim = conn
 
     @contextmanager
     def tx(self, durable: bool) -> Iterator[Tx]:

@@ -11,15 +11,16 @@ every commit); they are rare, so the cost is nil.
 
 from __future__ import annotations
 
+import fcntl
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hyperpod_agent.controller.store_dialect import SQLITE, Tx
-from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.errors import ConfigError, HyperpodError
 
 
 class SqliteBackend:
@@ -39,6 +40,7 @@ class SqliteBackend:
         except (OSError, sqlite3.Error) as exc:
             raise ConfigError(f"{path}: cannot open state database: {exc}") from exc
         self._lock = threading.RLock()
+        self._claim: IO[str] | None = None
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -46,6 +48,25 @@ class SqliteBackend:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._claim is not None:
+            self._claim.close()
+
+    def claim(self) -> None:
+        """Keep any other controller off this file while this one runs: an flock on
+        ``<file>.lock``, released when it closes or the process dies."""
+        path = self.path.with_name(self.path.name + ".lock")
+        try:
+            handle = path.open("a")
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot create lock file: {exc.strerror}") from exc
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            handle.close()
+            raise HyperpodError(
+                f"{self.path}: another controller is running on this state"
+            ) from exc
+        self._claim = handle
 
     @property
     def in_transaction(self) -> bool:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from store_helpers import StoreTarget
+from store_helpers import OPEN_IN_CHILD, StoreTarget, target_argv
 
 from hyperpod_agent.controller.cli import controller
 from hyperpod_agent.controller.store import MIGRATIONS, Store
 from hyperpod_agent.controller.store_url import PostgresLocation
-from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.errors import ConfigError, HyperpodError
 
 OpenStore = Callable[[StoreTarget], Store]
 LATEST = len(MIGRATIONS)
@@ -188,3 +188,32 @@ def test_concurrent_writers_and_readers_lose_nothing(store: Store) -> None:
     assert {name: row.seq for name, row in store.node_rows().items()} == {
         f"node{n}": per_thread - 1 for n in range(4)
     }
+
+
+@pytest.mark.pg
+def test_a_second_controller_on_the_same_database_is_refused(
+    pg_location: PostgresLocation, open_store: OpenStore
+) -> None:
+    first, second = open_store(pg_location), open_store(pg_location)
+    first.claim()
+    with pytest.raises(HyperpodError, match=r"another controller is running on this state$"):
+        second.claim()
+    first.close()  # its claim ends with it (and with its process)
+    second.claim()
+
+
+def test_a_second_controller_process_on_the_same_state_is_refused(
+    store_target: StoreTarget, open_store: OpenStore
+) -> None:
+    open_store(store_target).claim()
+    proc = subprocess.run(
+        [sys.executable, "-c", OPEN_IN_CHILD + "s.claim()\n", *target_argv(store_target)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode != 0
+    assert (
+        proc.stderr.strip().splitlines()[-1].endswith("another controller is running on this state")
+    )
