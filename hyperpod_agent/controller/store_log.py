@@ -10,8 +10,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from hyperpod_agent.controller.store_db import Database
 from hyperpod_agent.controller.store_dialect import Tx
+from hyperpod_agent.controller.store_lease import Lease, LeaseLog
 from hyperpod_agent.controller.store_rows import ActionRow, EventIn, EventRow, TrackedJob
 
 _JOB_COLUMNS = [c.strip() for c in TrackedJob.COLUMNS.split(",")]
@@ -23,7 +23,7 @@ _PUT_JOB = (
 )
 
 
-class ActionLog(Database):
+class ActionLog(LeaseLog):
     """Actions, tracked jobs, events and the pruning of their history."""
 
     def add_action(
@@ -35,9 +35,15 @@ class ActionLog(Database):
         cause: str,
         now: float,
         params: dict[str, Any] | None = None,
+        *,
+        fence: Lease | None = None,
     ) -> int:
-        """Record an intent durably (fsync) before anything touches Slurm."""
+        """Record an intent durably (fsync) before anything touches Slurm; with
+        ``fence``, only while that lease is still held (else LeaseLost, nothing
+        written)."""
         with self._tx(durable=True) as db:
+            if fence is not None:
+                self._check_fence(db, fence, now)
             cur = db.execute(
                 "INSERT INTO actions (kind, node, job_id, reason, cause, params, state, "
                 "created_at, updated_at, next_attempt_at) VALUES (?,?,?,?,?,?,'intent',?,?,?) "
@@ -84,10 +90,14 @@ class ActionLog(Database):
         params: dict[str, Any] | None = None,
         job: TrackedJob | None = None,
         events: Sequence[EventIn] = (),
+        fence: Lease | None = None,
     ) -> None:
         """An action's new state, with the job accounting it implies and its events, in
-        one durable transaction: a crash leaves all of them or none."""
+        one durable transaction: a crash leaves all of them or none. With ``fence``,
+        only while that lease is still held (else LeaseLost, nothing written)."""
         with self._tx(durable=True) as db:
+            if fence is not None:
+                self._check_fence(db, fence, now)
             self._set_action(db, action_id, state, now, attempts, error, next_attempt_at, params)
             if job is not None:
                 self._put_job(db, job)
