@@ -71,6 +71,11 @@ class PostgresServer:
         self._user: pwd.struct_passwd | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's pid while it runs (its backends are its children)."""
+        return self._proc.pid if self._proc is not None else None
+
     # -- lifecycle ------------------------------------------------------------------
     def _run_as(self) -> dict[str, Any]:
         if self._user is None:
