@@ -186,14 +186,6 @@ class PostgresServer:
             "autocommit": True,
         }
 
-    def admin_sql(self, statement: str, *args: object) -> None:
-        """Run one statement as the superuser over the socket (tests set up states
-        no client of the store could reach)."""
-        import psycopg
-
-        with psycopg.connect(**self._admin_args()) as conn:
-            conn.execute(statement, args)
-
     def create_database(self, name: str, owner: str, password: str | None) -> str:
         """Create ``owner`` (if new, with ``password``) and the database ``name`` it
         owns; return its URL (without the password)."""
