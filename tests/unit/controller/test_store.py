@@ -202,11 +202,10 @@ def test_prune_forgets_old_history_but_never_open_state(store: Store) -> None:
 # --- deep-check runs ------------------------------------------------------------------------
 
 
-def test_deep_check_runs_and_outcomes(tmp_path: Path) -> None:
+def test_deep_check_runs_and_outcomes(store: Store) -> None:
     from hyperpod_agent.controller.store_checks import NodeOutcome
     from hyperpod_agent.controller.store_rows import EventIn
 
-    store = Store(tmp_path / "s.db")
     ev = EventIn("deep_check_planned", "planned")
     first = store.add_check_run(
         ["node1", "node2"], "quick", "admin", {"node1": ""}, "u", False, 100.0, ev
