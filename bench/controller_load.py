@@ -15,7 +15,13 @@ The load generator shares the machine: on 2 cores its own CPU is reported too.
 
     .venv/bin/python bench/controller_load.py --cluster-dir /var/tmp/hp-x --auth munge
     .venv/bin/python bench/controller_load.py --auth none --nodes 1000 --duration 10
+    .venv/bin/python bench/controller_load.py --auth none --store sqlite,postgresql
     ... --write-docs docs/benchmarks.md
+
+``--store sqlite,postgresql`` runs every scale on each state store in turn, side by
+side in one run: PostgreSQL is a throwaway local server on 127.0.0.1
+(hyperpod_agent/localcluster/postgres.py), a fresh database per scale; its server
+processes' CPU is reported apart from the controller's.
 
 Target: 10,000 nodes at a 30 s heartbeat (333 req/s), p99 < 100 ms on 2 cores.
 """
@@ -42,10 +48,19 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psutil  # noqa: E402
+
 from hyperpod_agent.auth import AuthConfig, ClientAuth  # noqa: E402
+from hyperpod_agent.localcluster.postgres import PostgresServer, start_postgres  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
-START, END = "<!-- controller-load:start -->", "<!-- controller-load:end -->"
+PG_PASSWORD = "bench-only"
+
+
+def markers(stores: list[str]) -> tuple[str, str]:
+    """The docs block: the SQLite-only run keeps its own, the comparison another."""
+    name = "controller-load" if stores == ["sqlite"] else "controller-load-stores"
+    return f"<!-- {name}:start -->", f"<!-- {name}:end -->"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -58,6 +73,21 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def tree_cpu_seconds(pid: int | None) -> float:
+    """CPU of a process and its children (the PostgreSQL server's backends)."""
+    if pid is None:
+        return 0.0
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def pct(values: list[float], p: float) -> float:
@@ -176,10 +206,24 @@ def run_pool(
     return lat, codes, time.monotonic() - began
 
 
-def start_controller(work: Path, port: int, auth: AuthConfig, slurm_conf: str | None) -> Any:
+def store_lines(work: Path, store: str, pg: PostgresServer | None, n: int) -> list[str]:
+    """controller.toml lines for ``store``: a SQLite file, or a fresh PostgreSQL database."""
+    if store == "sqlite":
+        return [f'state_db = "{work / "state.db"}"']
+    assert pg is not None
+    url = pg.create_database(f"bench_{n}_{os.getpid()}_{int(time.time())}", "bench", PG_PASSWORD)
+    password_file = work / "store.password"
+    password_file.write_text(PG_PASSWORD + "\n")
+    password_file.chmod(0o600)
+    return [f'store = "{url}"', f'store_password_file = "{password_file}"']
+
+
+def start_controller(
+    work: Path, port: int, auth: AuthConfig, slurm_conf: str | None, store: list[str]
+) -> Any:
     lines = [
         f"listen_port = {port}",
-        f'state_db = "{work / "state.db"}"',
+        *store,
         "reconcile_interval_s = 10",
         'log_level = "WARNING"',
         "[auth]",
@@ -214,9 +258,14 @@ def start_controller(work: Path, port: int, auth: AuthConfig, slurm_conf: str | 
     raise SystemExit(f"controller did not start: {(work / 'controller.log').read_text()}")
 
 
-def bench_scale(n: int, args: argparse.Namespace, auth: AuthConfig) -> dict[str, Any]:
+def bench_scale(
+    n: int, args: argparse.Namespace, auth: AuthConfig, store: str, pg: PostgresServer | None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hp-ctl-bench-") as tmp:
-        proc = start_controller(Path(tmp), args.port, auth, args.slurm_conf)
+        work = Path(tmp)
+        lines = store_lines(work, store, pg, n)
+        proc = start_controller(work, args.port, auth, args.slurm_conf, lines)
+        db_pid = pg.pid if pg is not None and store == "postgresql" else None
         try:
             agents = Agents(args.port, auth)
             nodes = [f"sim{i:05d}" for i in range(n)]
@@ -237,9 +286,11 @@ def bench_scale(n: int, args: argparse.Namespace, auth: AuthConfig) -> dict[str,
                 for i in range(total)
             ]
             cpu0, self0, w0 = cpu_seconds(proc.pid), time.process_time(), time.monotonic()
+            db0 = tree_cpu_seconds(db_pid)
             lat, codes, took = run_pool(agents, jobs, args.workers, True)
             wall = time.monotonic() - w0
             return {
+                "store": store,
                 "nodes": n,
                 "register": register,
                 "steady": {
@@ -253,6 +304,7 @@ def bench_scale(n: int, args: argparse.Namespace, auth: AuthConfig) -> dict[str,
                 },
                 "controller_cpu_pct": round(100 * (cpu_seconds(proc.pid) - cpu0) / wall, 1),
                 "controller_rss_mb": round(rss_mb(proc.pid), 1),
+                "db_cpu_pct": round(100 * (tree_cpu_seconds(db_pid) - db0) / wall, 1),
                 "loadgen_cpu_pct": round(100 * (time.process_time() - self0) / wall, 1),
             }
         finally:
@@ -266,27 +318,32 @@ def bench_scale(n: int, args: argparse.Namespace, auth: AuthConfig) -> dict[str,
 
 def table(results: list[dict[str, Any]]) -> str:
     rows = [
-        "| nodes | register reports/s | steady req/s (target) | p50 ms | p99 ms | max ms "
-        "| controller CPU % | controller RSS MB | load generator CPU % | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| store | nodes | register reports/s | register p50 ms | register p99 ms "
+        "| steady req/s (target) | p50 ms | p99 ms | max ms "
+        "| controller CPU % | database server CPU % (steady) | controller RSS MB "
+        "| load generator CPU % | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         s = r["steady"]
         bad = sum(v for k, v in {**s["codes"], **r["register"]["codes"]}.items() if int(k) != 200)
+        g = r["register"]
+        db_cpu = r["db_cpu_pct"] if r["store"] == "postgresql" else "-"
         rows.append(
-            f"| {r['nodes']:,} | {r['register']['per_s']} | {s['achieved_per_s']} "
-            f"({s['target_per_s']}) | {s['p50_ms']} | {s['p99_ms']} | {s['max_ms']} | "
-            f"{r['controller_cpu_pct']} | {r['controller_rss_mb']} | "
-            f"{r['loadgen_cpu_pct']} | {bad} |"
+            f"| {r['store']} | {r['nodes']:,} | {g['per_s']} | {g['p50_ms']} | {g['p99_ms']} | "
+            f"{s['achieved_per_s']} ({s['target_per_s']}) | {s['p50_ms']} | {s['p99_ms']} | "
+            f"{s['max_ms']} | {r['controller_cpu_pct']} | {db_cpu} | "
+            f"{r['controller_rss_mb']} | {r['loadgen_cpu_pct']} | {bad} |"
         )
     return "\n".join(rows)
 
 
-def write_docs(path: Path, text: str) -> None:
+def write_docs(path: Path, text: str, marks: tuple[str, str]) -> None:
+    start, end = marks
     old = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{START}\n{text}\n{END}"
-    if START in old and END in old:
-        new = old[: old.index(START)] + block + old[old.index(END) + len(END) :]
+    block = f"{start}\n{text}\n{end}"
+    if start in old and end in old:
+        new = old[: old.index(start)] + block + old[old.index(end) + len(end) :]
     else:
         new = old.rstrip("\n") + "\n\n" + block + "\n"
     path.write_text(new)
@@ -306,8 +363,15 @@ def main() -> None:
         default=None,
         help="local cluster: its slurm.conf and munge socket",
     )
+    parser.add_argument(
+        "--store", default="sqlite", help="state stores to compare: sqlite,postgresql"
+    )
+    parser.add_argument("--pg-port", type=int, default=23991, help="the PostgreSQL server's")
     parser.add_argument("--write-docs", type=Path, default=None)
     args = parser.parse_args()
+    stores = args.store.split(",")
+    if not set(stores) <= {"sqlite", "postgresql"}:
+        parser.error("--store takes sqlite and/or postgresql")
     args.slurm_conf = None
     socket_path = None
     if args.cluster_dir is not None:
@@ -316,10 +380,16 @@ def main() -> None:
     auth = AuthConfig(mode=args.auth, munge_socket=socket_path if args.auth == "munge" else None)
     resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
     results = []
-    for n in (int(x) for x in args.nodes.split(",")):
-        result = bench_scale(n, args, auth)
-        print(json.dumps(result), flush=True)
-        results.append(result)
+    pg = start_postgres(args.pg_port) if "postgresql" in stores else None
+    try:
+        for n in (int(x) for x in args.nodes.split(",")):
+            for store in stores:
+                result = bench_scale(n, args, auth, store, pg)
+                print(json.dumps(result), flush=True)
+                results.append(result)
+    finally:
+        if pg is not None:
+            pg.remove()
     exe = os.path.relpath(sys.executable) if sys.executable.startswith(os.getcwd()) else "python"
     command = " ".join([exe, *(shlex.quote(a) for a in sys.argv)])
     text = (
@@ -330,9 +400,14 @@ def main() -> None:
         f"reports; steady phase {args.duration:g} s per scale; latency from the "
         f"scheduled send time (open loop).\n\n{table(results)}\n"
     )
+    if stores != ["sqlite"]:
+        text = text.replace(
+            "## Controller ingest (bench/controller_load.py)",
+            "## Controller ingest by state store (bench/controller_load.py --store)",
+        )
     print(text)
     if args.write_docs:
-        write_docs(args.write_docs, text)
+        write_docs(args.write_docs, text, markers(stores))
 
 
 if __name__ == "__main__":

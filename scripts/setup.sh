@@ -11,7 +11,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 APT_PACKAGES="slurmctld slurmd slurm-client munge libslurm-dev gcc make libc6-dev
-	util-linux procps iproute2 kmod systemd fuse3 python3-venv prometheus"
+	util-linux procps iproute2 kmod systemd fuse3 python3-venv prometheus postgresql"
 missing=""
 for p in $APT_PACKAGES; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import socket
@@ -18,29 +17,10 @@ from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, loa
 from hyperpod_agent.controller.providers import make_provider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store import Store
-from hyperpod_agent.errors import ConfigError, HyperpodError
+from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.sdnotify import sd_notify
 
 log = logging.getLogger(__name__)
-
-
-_LOCKS: list[object] = []
-
-
-def _lock_state(db: Path) -> None:
-    """One controller per state database: two would act twice on every fault."""
-    path = db.with_name(db.name + ".lock")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        handle = path.open("a")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot create lock file: {exc.strerror}") from exc
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        handle.close()
-        raise HyperpodError(f"{db}: another controller is running on this state") from exc
-    _LOCKS.append(handle)  # held until the process exits
 
 
 def check_watchdog(config: ControllerConfig, environ: Mapping[str, str]) -> None:
@@ -62,9 +42,15 @@ def build(config: ControllerConfig, config_path: Path | None) -> Controller:
     from hyperpod_agent.slurm.client import SlurmClient
 
     check_watchdog(config, os.environ)
-    _lock_state(config.state_db)
+    # Claim the state before migrating it: a second controller must change nothing.
+    store = Store(config.store_location(), migrate=False)
+    try:
+        store.claim()
+        store.migrate()
+    except BaseException:
+        store.close()
+        raise
     slurm = SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s)
-    store = Store(config.state_db)
     return Controller(config, store, slurm, make_provider(config.provider, slurm), config_path)
 
 
@@ -115,19 +101,22 @@ def serve(controller: Controller) -> None:
         controller.store.close()
 
 
-@click.group("controller")
-def controller() -> None:
-    """The controller: the only component that changes Slurm state."""
-
-
-@controller.command("run")
-@click.option(
+_config_option = click.option(
     "--config",
     "config_path",
     type=click.Path(path_type=Path),
     default=None,
     help=f"Controller config (TOML). [default: {DEFAULT_PATH} if present]",
 )
+
+
+@click.group("controller")
+def controller() -> None:
+    """The controller: the only component that changes Slurm state."""
+
+
+@controller.command("run")
+@_config_option
 def run(config_path: Path | None) -> None:
     """Serve the API and run the reconcile loop until stopped."""
     config = load_config(config_path)
@@ -142,6 +131,20 @@ def run(config_path: Path | None) -> None:
             else (DEFAULT_PATH if DEFAULT_PATH.exists() else None),
         )
     )
+
+
+@controller.command("migrate")
+@_config_option
+def migrate(config_path: Path | None) -> None:
+    """Upgrade the state store's schema (SQLite or PostgreSQL) to this version's."""
+    location = load_config(config_path).store_location()
+    store = Store(location, migrate=False)
+    try:
+        before = store.schema_version()
+        after = store.migrate()
+    finally:
+        store.close()
+    click.echo(f"{location.url}: schema version {before} -> {after}")
 
 
 def main() -> None:

@@ -11,9 +11,14 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hyperpod_agent.auth import AuthConfig
+from hyperpod_agent.controller.store_url import (
+    StoreLocation,
+    parse_store_url,
+    store_location,
+)
 from hyperpod_agent.deepcheck.config import load_suite
 from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.health import Action
@@ -213,6 +218,14 @@ class ControllerConfig(BaseModel):
     listen_host: str = "127.0.0.1"
     listen_port: int = Field(default=DEFAULT_PORT, ge=1, le=65535)
     state_db: Path = Path("/var/lib/hyperpod/controller.db")
+    store: str | None = Field(
+        default=None,
+        description="postgresql://user@host:port/database, or sqlite:///path; "
+        "absent: SQLite at state_db",
+    )
+    store_password_file: Path | None = Field(
+        default=None, description="the PostgreSQL password (never in the URL)"
+    )
     slurm_conf: Path | None = None
     slurm_user: str = Field(
         default="slurm",
@@ -233,8 +246,23 @@ class ControllerConfig(BaseModel):
     progress: ProgressConfig = Field(default_factory=ProgressConfig)
     deep_checks: DeepCheckConfig = Field(default_factory=DeepCheckConfig)
 
+    @field_validator("store")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_store_url(value)  # ValueError names what is wrong
+        return value
+
+    def store_location(self) -> StoreLocation:
+        """Where the state lives (store_url.py)."""
+        return store_location(self.store, self.store_password_file, self.state_db)
+
     @model_validator(mode="after")
     def _cross(self) -> ControllerConfig:
+        try:
+            self.store_location()
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         if self.policy.heartbeat_timeout_s < self.reconcile_interval_s:
             raise ValueError("policy.heartbeat_timeout_s must be >= reconcile_interval_s")
         longest = max(self.policy.lemon_window_s, self.policy.escalation_window_s)

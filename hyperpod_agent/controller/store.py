@@ -1,5 +1,5 @@
-"""The controller's state: a SQLite database (store_db.py), the intent log with jobs and
-events (store_log.py), and here the nodes' reports and faults."""
+"""The controller's state: a SQLite or PostgreSQL database (store_db.py), the intent log
+with jobs and events (store_log.py), and here the nodes' reports and faults."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ __all__ = ["MIGRATIONS", "Store"]
 
 
 class Store(CheckLog):
-    """All controller state. Thread-safe: one connection behind a lock."""
+    """All controller state. Thread-safe."""
 
     def node_row(self, name: str) -> NodeRow | None:
         rows = self._query(f"SELECT {NodeRow.COLUMNS} FROM nodes WHERE name=?", (name,))
@@ -98,7 +98,7 @@ class Store(CheckLog):
                 cur = db.execute(
                     "INSERT INTO faults (node, component, code, severity, action, urgent, "
                     "first_seen, last_seen, count, message, probe) "
-                    "VALUES (?,?,?,?,?,?,?,?,1,?,?)",
+                    "VALUES (?,?,?,?,?,?,?,?,1,?,?) RETURNING id",
                     (
                         node,
                         f.component,
@@ -114,7 +114,7 @@ class Store(CheckLog):
                 )
                 opened.append(
                     FaultRow(
-                        int(cur.lastrowid or 0),
+                        int(cur.fetchone()[0]),
                         node,
                         f.component,
                         f.code,
@@ -143,8 +143,8 @@ class Store(CheckLog):
             db.executemany(
                 "INSERT INTO nodes (name, hb_agent_id, hb_seq, heartbeat_at) VALUES (?,?,?,?) "
                 "ON CONFLICT(name) DO UPDATE SET hb_agent_id=excluded.hb_agent_id, "
-                "hb_seq=excluded.hb_seq, heartbeat_at=max(coalesce(heartbeat_at, 0), "
-                "excluded.heartbeat_at)",
+                "hb_seq=excluded.hb_seq, heartbeat_at=CASE WHEN coalesce(nodes.heartbeat_at, 0) "
+                "> excluded.heartbeat_at THEN nodes.heartbeat_at ELSE excluded.heartbeat_at END",
                 [(n, a, s, t) for n, (a, s, t) in beats.items()],
             )
 

@@ -106,7 +106,7 @@ class CheckLog(FindingLog):
             cur = db.execute(
                 "INSERT INTO deep_checks (nodes, level, purpose, phase, job_id, prior, "
                 "requested_by, drain_first, created_at, updated_at, deadline) "
-                "VALUES (?,?,?,?,NULL,?,?,?,?,?,NULL)",
+                "VALUES (?,?,?,?,NULL,?,?,?,?,?,NULL) RETURNING id",
                 (
                     json.dumps(list(nodes)),
                     level,
@@ -119,7 +119,7 @@ class CheckLog(FindingLog):
                     now,
                 ),
             )
-            run_id = int(cur.lastrowid or 0)
+            run_id = int(cur.fetchone()[0])
             self._put_event(db, event, now)
         return run_id
 
@@ -174,8 +174,11 @@ class CheckLog(FindingLog):
             db.execute(f"UPDATE deep_checks SET {', '.join(sets)} WHERE id=?", (*args, run_id))
             for o in outcomes:
                 db.execute(
-                    f"INSERT OR REPLACE INTO deep_check_results ({NodeOutcome.COLUMNS}) "
-                    "VALUES (?,?,?,?,?,?,?,?,?)",
+                    f"INSERT INTO deep_check_results ({NodeOutcome.COLUMNS}) "
+                    "VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(run_id, node) DO UPDATE SET "
+                    "purpose=excluded.purpose, outcome=excluded.outcome, "
+                    "check_name=excluded.check_name, cause=excluded.cause, ran=excluded.ran, "
+                    "detail=excluded.detail, at=excluded.at",
                     (
                         o.run_id,
                         o.node,

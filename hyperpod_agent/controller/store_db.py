@@ -1,102 +1,129 @@
-"""The controller's state: SQLite in WAL mode, one connection, explicit transactions.
+"""The controller's state database: a backend (SQLite or PostgreSQL), its transactions
+and the schema.
 
-Durability: with WAL, ``synchronous=NORMAL`` keeps every committed transaction across
-a process crash (kill -9): the WAL frames are already in the OS page cache. It can lose
-the last commits on a power loss. That is acceptable for reports, heartbeats and events
-(agents resend; the loop re-reads Slurm), so they commit with NORMAL. Actions and
-tracked jobs are the intent log that makes a crash between "decide" and "apply" yield
-exactly one action, so they commit with ``synchronous=FULL`` (fsync of the WAL on
-every commit); they are rare, so the cost is nil.
+Both backends take the same SQL (store_dialect.py translates it for PostgreSQL) and
+the same versioned migrations (store_schema.py). Intent-log writes commit durably on
+both (store_sqlite.py, store_pg.py say how).
 """
 
 from __future__ import annotations
 
-import sqlite3
-import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+from hyperpod_agent.controller.store_dialect import Dialect, Tx
 from hyperpod_agent.controller.store_schema import MIGRATIONS
+from hyperpod_agent.controller.store_url import PostgresLocation, StoreLocation, read_password
 from hyperpod_agent.errors import ConfigError
 
 
-class Database:
-    """The connection, its transactions and the schema. Thread-safe: one connection
-    behind a lock."""
+class Backend(Protocol):
+    dialect: Dialect
+    where: str  # the file or URL, for messages
 
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path)
+    def tx(self, durable: bool) -> Any: ...  # a context manager giving a Tx
+
+    def query(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
+
+    def lock_schema(self, db: Tx) -> None: ...
+
+    def claim(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def open_backend(target: Path | str | StoreLocation) -> Backend:
+    """A path is a SQLite file; a location is what ``store`` in controller.toml says."""
+    from hyperpod_agent.controller.store_sqlite import SqliteBackend
+
+    if isinstance(target, PostgresLocation):
+        from hyperpod_agent.controller.store_pg import PostgresBackend
+
+        password = None if target.password_file is None else read_password(target.password_file)
+        return PostgresBackend(target, password)
+    if isinstance(target, Path | str):
+        return SqliteBackend(target)
+    return SqliteBackend(target.path)
+
+
+class Database:
+    """The backend, its transactions and the schema. Thread-safe."""
+
+    def __init__(
+        self,
+        target: Path | str | StoreLocation,
+        *,
+        migrations: Sequence[str] | None = None,
+        migrate: bool = True,
+    ) -> None:
+        self._backend = open_backend(target)
+        self.where = self._backend.where
         try:
-            if str(path) != ":memory:":
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(
-                str(path), isolation_level=None, check_same_thread=False, timeout=30.0
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise ConfigError(f"{path}: cannot open state database: {exc}") from exc
-        self._lock = threading.RLock()
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self.migrate()
+            if migrate:
+                self.migrate(migrations)
+        except BaseException:
+            self._backend.close()
+            raise
+
+    @property
+    def path(self) -> Path:
+        """The SQLite file (AttributeError on PostgreSQL)."""
+        return Path(getattr(self._backend, "path"))  # noqa: B009 - SQLite only
+
+    @property
+    def dialect(self) -> Dialect:
+        return self._backend.dialect
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._backend.close()
+
+    def claim(self) -> None:
+        """One controller per state: two would act twice on every fault. HyperpodError
+        when another holds it."""
+        self._backend.claim()
 
     @contextmanager
-    def _tx(self, durable: bool = False) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            if durable:
-                self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-                self._db.execute("COMMIT")
-            except BaseException:
-                # Also when COMMIT itself fails (disk full, I/O error, a deferred
-                # constraint): a transaction left open would fail every later write.
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise
-            finally:
-                if durable:
-                    self._db.execute("PRAGMA synchronous=NORMAL")
+    def _tx(self, durable: bool = False) -> Iterator[Tx]:
+        with self._backend.tx(durable) as db:
+            yield db
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return list(self._db.execute(sql, args).fetchall())
+        return self._backend.query(sql, args)
 
     # -- schema ---------------------------------------------------------------------
     def schema_version(self) -> int:
-        rows = self._query(
-            "SELECT name FROM sqlite_master WHERE type='table' AND name='schema_version'"
-        )
-        if not rows:
+        """The version of the schema in the database; 0 when it has none."""
+        if not self._query(self.dialect.table_exists, ("schema_version",)):
             return 0
         got = self._query("SELECT version FROM schema_version")
         return int(got[0][0]) if got else 0
 
-    def migrate(self, migrations: list[str] | None = None) -> int:
-        """Apply every migration newer than the database, each in its own transaction."""
+    def _begin_migration(self, db: Tx) -> int:
+        self._backend.lock_schema(db)
+        db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
+        got = db.execute("SELECT version FROM schema_version").fetchall()
+        return int(got[0][0]) if got else 0
+
+    def migrate(self, migrations: Sequence[str] | None = None) -> int:
+        """Apply every migration newer than the database, each in its own transaction;
+        refuse (changing nothing) a database newer than this controller."""
         steps = MIGRATIONS if migrations is None else migrations
-        with self._lock:
-            self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER)")
-            current = self.schema_version()
+        with self._tx(durable=True) as db:
+            current = self._begin_migration(db)
             if current > len(steps):
                 raise ConfigError(
-                    f"{self.path}: schema version {current} is newer than this controller "
+                    f"{self.where}: schema version {current} is newer than this controller "
                     f"({len(steps)}); refusing to downgrade"
                 )
-            for version in range(current + 1, len(steps) + 1):
-                with self._tx(durable=True) as db:
-                    for statement in steps[version - 1].split(";"):
-                        if statement.strip():
-                            db.execute(statement)
-                    db.execute("DELETE FROM schema_version")
-                    db.execute("INSERT INTO schema_version VALUES (?)", (version,))
-            return self.schema_version()
-
-    # -- nodes and faults -----------------------------------------------------------
+        for version in range(current + 1, len(steps) + 1):
+            with self._tx(durable=True) as db:
+                # Another controller may have applied it meanwhile (PostgreSQL).
+                if self._begin_migration(db) >= version:
+                    continue
+                for statement in self.dialect.ddl(steps[version - 1]):
+                    db.execute(statement)
+                db.execute("DELETE FROM schema_version")
+                db.execute("INSERT INTO schema_version VALUES (?)", (version,))
+        return self.schema_version()

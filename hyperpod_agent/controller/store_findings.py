@@ -13,8 +13,8 @@ class FindingLog(ActionLog):
         written) when the same finding was declared before."""
         with self._tx(durable=True) as db:
             cur = db.execute(
-                "INSERT OR IGNORE INTO findings (kind, job_id, restart_count, node, step, "
-                "detail, at) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO findings (kind, job_id, restart_count, node, step, detail, at) "
+                "VALUES (?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING id",
                 (
                     finding.kind,
                     finding.job_id,
@@ -25,7 +25,7 @@ class FindingLog(ActionLog):
                     finding.at,
                 ),
             )
-            if cur.rowcount != 1:
+            if cur.fetchone() is None:
                 return False
             self._put_event(db, event, finding.at)
         return True

@@ -1,21 +1,29 @@
 """The intent log and what it accounts for: actions, tracked jobs and events.
 
-Actions and tracked jobs commit durably (``synchronous=FULL``): they are what makes a
-crash between "decide" and "apply" yield exactly one action (store_db.py).
+Actions and tracked jobs commit durably: they are what makes a crash between "decide"
+and "apply" yield exactly one action (store_sqlite.py, store_pg.py).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from hyperpod_agent.controller.store_db import Database
+from hyperpod_agent.controller.store_dialect import Tx
+from hyperpod_agent.controller.store_lease import Lease, LeaseLog
 from hyperpod_agent.controller.store_rows import ActionRow, EventIn, EventRow, TrackedJob
 
+_JOB_COLUMNS = [c.strip() for c in TrackedJob.COLUMNS.split(",")]
+# An upsert both databases take (SQLite's INSERT OR REPLACE is not PostgreSQL).
+_PUT_JOB = (
+    f"INSERT INTO jobs ({TrackedJob.COLUMNS}) VALUES ({','.join('?' * len(_JOB_COLUMNS))}) "
+    "ON CONFLICT(job_id) DO UPDATE SET "
+    + ", ".join(f"{c}=excluded.{c}" for c in _JOB_COLUMNS if c != "job_id")
+)
 
-class ActionLog(Database):
+
+class ActionLog(LeaseLog):
     """Actions, tracked jobs, events and the pruning of their history."""
 
     def add_action(
@@ -27,19 +35,26 @@ class ActionLog(Database):
         cause: str,
         now: float,
         params: dict[str, Any] | None = None,
+        *,
+        fence: Lease | None = None,
     ) -> int:
-        """Record an intent durably (fsync) before anything touches Slurm."""
+        """Record an intent durably (fsync) before anything touches Slurm; with
+        ``fence``, only while that lease is still held (else LeaseLost, nothing
+        written)."""
         with self._tx(durable=True) as db:
+            if fence is not None:
+                self._check_fence(db, fence, now)
             cur = db.execute(
                 "INSERT INTO actions (kind, node, job_id, reason, cause, params, state, "
-                "created_at, updated_at, next_attempt_at) VALUES (?,?,?,?,?,?,'intent',?,?,?)",
+                "created_at, updated_at, next_attempt_at) VALUES (?,?,?,?,?,?,'intent',?,?,?) "
+                "RETURNING id",
                 (kind, node, job_id, reason, cause, json.dumps(params or {}), now, now, now),
             )
-            return int(cur.lastrowid or 0)
+            return int(cur.fetchone()[0])
 
     @staticmethod
     def _set_action(
-        db: sqlite3.Connection,
+        db: Tx,
         action_id: int,
         state: str,
         now: float,
@@ -75,10 +90,14 @@ class ActionLog(Database):
         params: dict[str, Any] | None = None,
         job: TrackedJob | None = None,
         events: Sequence[EventIn] = (),
+        fence: Lease | None = None,
     ) -> None:
         """An action's new state, with the job accounting it implies and its events, in
-        one durable transaction: a crash leaves all of them or none."""
+        one durable transaction: a crash leaves all of them or none. With ``fence``,
+        only while that lease is still held (else LeaseLost, nothing written)."""
         with self._tx(durable=True) as db:
+            if fence is not None:
+                self._check_fence(db, fence, now)
             self._set_action(db, action_id, state, now, attempts, error, next_attempt_at, params)
             if job is not None:
                 self._put_job(db, job)
@@ -153,11 +172,8 @@ class ActionLog(Database):
                 self._put_event(db, ev, now)
 
     @staticmethod
-    def _put_job(db: sqlite3.Connection, job: TrackedJob) -> None:
-        db.execute(
-            f"INSERT OR REPLACE INTO jobs ({TrackedJob.COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
-            job.to_row(),
-        )
+    def _put_job(db: Tx, job: TrackedJob) -> None:
+        db.execute(_PUT_JOB, job.to_row())
 
     def jobs(self) -> dict[int, TrackedJob]:
         rows = self._query(f"SELECT {TrackedJob.COLUMNS} FROM jobs ORDER BY job_id")
@@ -205,12 +221,13 @@ class ActionLog(Database):
             return self._put_event(db, EventIn(kind, message, node, job_id, cause), now)
 
     @staticmethod
-    def _put_event(db: sqlite3.Connection, ev: EventIn, now: float) -> int:
+    def _put_event(db: Tx, ev: EventIn, now: float) -> int:
         cur = db.execute(
-            "INSERT INTO events (at, kind, node, job_id, cause, message) VALUES (?,?,?,?,?,?)",
+            "INSERT INTO events (at, kind, node, job_id, cause, message) VALUES (?,?,?,?,?,?) "
+            "RETURNING id",
             (now, ev.kind, ev.node, ev.job_id, ev.cause, ev.message),
         )
-        return int(cur.lastrowid or 0)
+        return int(cur.fetchone()[0])
 
     def events(
         self,

@@ -70,4 +70,10 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, node));
     CREATE INDEX deep_check_results_node ON deep_check_results(node, at);
     """,
+    # 6: leases with fencing tokens, so only the controller holding one writes intents.
+    """
+    CREATE TABLE leases (
+        name TEXT PRIMARY KEY, holder TEXT NOT NULL, token INTEGER NOT NULL,
+        expires_at REAL NOT NULL);
+    """,
 ]

@@ -37,11 +37,11 @@ timeout_s = 60
 
 
 class World:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, store: Store) -> None:
         suite = tmp_path / "suite.toml"
         suite.write_text(SUITE)
         self.deep = DeepCheckConfig(suite=suite, results_dir=tmp_path / "results")
-        self.store = Store(tmp_path / "state.db")
+        self.store = store
         nodes = cluster(3)
         nodes["node4"] = node("node4", flags=("DRAIN",), reason=SPARE)
         nodes["node5"] = node("node5", flags=("DRAIN",), reason=REBOOTED)
@@ -95,8 +95,8 @@ class World:
 
 
 @pytest.fixture
-def world(tmp_path: Path) -> World:
-    return World(tmp_path)
+def world(tmp_path: Path, store: Store) -> World:
+    return World(tmp_path, store)  # on SQLite and on PostgreSQL (conftest.py)
 
 
 def test_a_spare_run_goes_reserve_resume_submit_in_one_pass(world: World) -> None:

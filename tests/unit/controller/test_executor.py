@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from ctl_helpers import NOW, FakeSlurm, cluster, config, job, node, ts
+from store_helpers import StoreTarget
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.actions import Executor
@@ -26,11 +28,6 @@ class Crash(Exception):
 
 def crash(point: str = "") -> None:
     raise Crash
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "s.db")
 
 
 def make(
@@ -158,7 +155,13 @@ def test_restart_finds_intent_already_applied(store: Store) -> None:
         ),
     ],
 )
-def test_recovery_per_kind(store: Store, planned: PlannedAction, applied_state: object) -> None:
+def test_recovery_per_kind(
+    store: Store,
+    planned: PlannedAction,
+    applied_state: object,
+    new_target: Callable[[], StoreTarget],
+    open_store: Callable[[StoreTarget], Store],
+) -> None:
     nodes = cluster(4)
     if planned.kind is Kind.RESUME:
         nodes["node2"] = node("node2", flags=("DRAIN",), reason=REASON)
@@ -172,7 +175,7 @@ def test_recovery_per_kind(store: Store, planned: PlannedAction, applied_state: 
     assert len(slurm.calls) == 1 and store.open_actions() == []
     # Applied before the crash: the restart only marks it done.
     slurm2 = FakeSlurm(nodes, [job(7, state="NODE_FAIL")])
-    store2 = Store(store.path.with_name("t.db"))
+    store2 = open_store(new_target())
     with pytest.raises(Crash):
         make(store2, slurm2, crash_hook=crash).execute(
             Decision([planned]), slurm2.nodes, slurm2.list_jobs(), NOW

@@ -3,11 +3,9 @@ young, and their outcome (state, accounting, event) is recorded in one transacti
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
-
 import pytest
 from ctl_helpers import NOW, FakeSlurm, cluster, config, job, node
+from store_helpers import INTEGRITY_ERRORS
 
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
@@ -27,11 +25,6 @@ def crash_at(where: str):  # type: ignore[no-untyped-def]
             raise Crash(point)
 
     return hook
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "s.db")
 
 
 def executor(store: Store, slurm: FakeSlurm, **policy: object) -> Executor:
@@ -151,16 +144,16 @@ def test_a_crash_between_requeue_and_its_record_counts_once(store: Store) -> Non
     assert kinds(store) == ["requeue"] and slurm.names("requeue") == [7]
 
 
-def test_a_failed_commit_rolls_back_and_the_store_goes_on(tmp_path: Path) -> None:
-    store = Store(tmp_path / "s.db")
+def test_a_failed_commit_rolls_back_and_the_store_goes_on(store: Store) -> None:
     # A deferred foreign key is checked at COMMIT: a real failing commit.
     with store._tx() as db:  # noqa: SLF001 - the test sets up a table only it uses
         db.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
         db.execute(
             "CREATE TABLE child (pid INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED)"
         )
-    with pytest.raises(sqlite3.IntegrityError), store._tx() as db:  # noqa: SLF001
+    with pytest.raises(INTEGRITY_ERRORS), store._tx() as db:  # noqa: SLF001
         db.execute("INSERT INTO child VALUES (42)")
-    assert not store._db.in_transaction  # noqa: SLF001
+    if store.dialect.name == "sqlite":
+        assert not store._backend.in_transaction  # type: ignore[attr-defined]  # noqa: SLF001
     aid = store.add_action("drain", "node1", None, OURS, "c", NOW)
     assert store.action(aid) is not None

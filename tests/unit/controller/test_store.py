@@ -1,57 +1,80 @@
+"""The store's behaviour, on SQLite and on PostgreSQL alike (the ``store`` and
+``store_target`` fixtures in conftest.py run each test on both)."""
+
 from __future__ import annotations
 
-import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from store_helpers import INTEGRITY_ERRORS, OPEN_IN_CHILD, StoreTarget, target_argv
 
 from hyperpod_agent.controller.store import MIGRATIONS, Store
 from hyperpod_agent.controller.store_rows import FaultIn, TrackedJob
 from hyperpod_agent.errors import ConfigError
 
+OpenStore = Callable[[StoreTarget], Store]
+
 F0 = FaultIn("gpu0", "xid79", "FAIL", "REBOOT", True, "lost")
 F1 = FaultIn("ib0", "link_down", "FAIL", "RESET", False, "")
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(tmp_path / "state.db")
-
-
 def test_fresh_database_is_at_the_latest_version(store: Store) -> None:
     assert store.schema_version() == len(MIGRATIONS)
-    mode = store._query("PRAGMA journal_mode")[0][0]
-    assert mode == "wal"
+    if store.dialect.name == "sqlite":
+        assert store._query("PRAGMA journal_mode")[0][0] == "wal"
 
 
-def test_migrates_an_older_database_keeping_its_data(tmp_path: Path) -> None:
-    path = tmp_path / "old.db"
-    old = Store.__new__(Store)
-    old.path = path
-    old._db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-    import threading
+def test_every_migration_applies_one_at_a_time_keeping_the_data(
+    store_target: StoreTarget,
+) -> None:
+    for version in range(1, len(MIGRATIONS) + 1):
+        step = Store(store_target, migrations=MIGRATIONS[:version])
+        try:
+            assert step.schema_version() == version
+            if version == 1:
+                with step._tx() as db:
+                    db.execute("INSERT INTO nodes (name, verdict) VALUES ('node1', 'healthy')")
+        finally:
+            step.close()
+    store = Store(store_target)
+    try:
+        row = store.node_row("node1")
+        assert row is not None and row.verdict == "healthy" and row.jobs_opted_in == "{}"
+    finally:
+        store.close()
 
-    old._lock = threading.RLock()
-    assert old.migrate(MIGRATIONS[:1]) == 1
-    old._db.execute("INSERT INTO nodes (name, verdict) VALUES ('node1', 'healthy')")
+
+def test_migrate_reports_the_version_and_does_nothing_more_when_current(
+    store_target: StoreTarget, open_store: OpenStore
+) -> None:
+    old = Store(store_target, migrations=MIGRATIONS[:1])
     old.close()
-    store = Store(path)
-    assert store.schema_version() == len(MIGRATIONS)
-    row = store.node_row("node1")
-    assert row is not None and row.verdict == "healthy" and row.jobs_opted_in == "{}"
+    store = Store(store_target, migrate=False)
+    try:
+        assert store.schema_version() == 1
+        assert store.migrate() == len(MIGRATIONS)
+        assert store.migrate() == len(MIGRATIONS)
+    finally:
+        store.close()
 
 
-def test_refuses_a_newer_schema(tmp_path: Path) -> None:
-    path = tmp_path / "new.db"
-    Store(path).close()
-    db = sqlite3.connect(str(path))
-    db.execute("UPDATE schema_version SET version=99")
-    db.commit()
-    db.close()
-    with pytest.raises(ConfigError, match="schema version 99 is newer"):
-        Store(path)
+def test_refuses_a_newer_schema_changing_nothing(
+    store_target: StoreTarget, open_store: OpenStore
+) -> None:
+    store = open_store(store_target)
+    with store._tx() as db:
+        db.execute("UPDATE schema_version SET version=99")
+    store.close()
+    with pytest.raises(ConfigError, match="schema version 99 is newer than this controller"):
+        Store(store_target)
+    unchanged = Store(store_target, migrate=False)
+    try:
+        assert unchanged.schema_version() == 99
+    finally:
+        unchanged.close()
 
 
 def test_unusable_path_is_a_config_error(tmp_path: Path) -> None:
@@ -137,23 +160,22 @@ def test_events_paging(store: Store) -> None:
     assert {e.node for e in store.events(node="node1")} == {"node1"}
 
 
-def test_committed_intent_survives_kill_9(tmp_path: Path) -> None:
-    path = tmp_path / "crash.db"
-    code = (
-        "import os, sys\n"
-        "from hyperpod_agent.controller.store import Store\n"
-        "s = Store(sys.argv[1])\n"
+def test_committed_intent_survives_kill_9(store_target: StoreTarget, open_store: OpenStore) -> None:
+    code = OPEN_IN_CHILD + (
+        "import os\n"
         "s.add_action('drain', 'node2', None, 'hyperpod:reset gpu0 x', 'c', 1.0)\n"
         "os._exit(137)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code, str(path)], timeout=30, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *target_argv(store_target)], timeout=60, check=False
+    )
     assert proc.returncode == 137
-    [row] = Store(path).open_actions()
+    [row] = open_store(store_target).open_actions()
     assert (row.kind, row.node, row.state) == ("drain", "node2", "intent")
 
 
 def test_failed_transaction_leaves_nothing(store: Store) -> None:
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(INTEGRITY_ERRORS):
         store.upsert_job(TrackedJob(7, None, 0))  # type: ignore[arg-type]
     assert store.jobs() == {}
 
@@ -180,11 +202,10 @@ def test_prune_forgets_old_history_but_never_open_state(store: Store) -> None:
 # --- deep-check runs ------------------------------------------------------------------------
 
 
-def test_deep_check_runs_and_outcomes(tmp_path: Path) -> None:
+def test_deep_check_runs_and_outcomes(store: Store) -> None:
     from hyperpod_agent.controller.store_checks import NodeOutcome
     from hyperpod_agent.controller.store_rows import EventIn
 
-    store = Store(tmp_path / "s.db")
     ev = EventIn("deep_check_planned", "planned")
     first = store.add_check_run(
         ["node1", "node2"], "quick", "admin", {"node1": ""}, "u", False, 100.0, ev

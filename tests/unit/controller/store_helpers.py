@@ -1,0 +1,36 @@
+"""What the store's tests share on both backends (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+import psycopg
+
+from hyperpod_agent.controller.store_url import PostgresLocation, StoreLocation
+
+PG_ROLE = "hyperpod"
+PG_PASSWORD = "s3cret-for-tests"
+# What a failed write raises on either backend.
+INTEGRITY_ERRORS = (sqlite3.IntegrityError, psycopg.IntegrityError)
+
+StoreTarget = Path | StoreLocation
+
+
+def target_argv(target: StoreTarget) -> list[str]:
+    """The target as a child process's arguments: the URL and the password file."""
+    if isinstance(target, PostgresLocation):
+        return [target.url, str(target.password_file)]
+    return [f"sqlite://{os.fspath(target)}", ""]
+
+
+# A child process opening the store the arguments name (see target_argv).
+OPEN_IN_CHILD = (
+    "import sys\n"
+    "from pathlib import Path\n"
+    "from hyperpod_agent.controller.store import Store\n"
+    "from hyperpod_agent.controller.store_url import store_location\n"
+    "s = Store(store_location(sys.argv[1], Path(sys.argv[2]) if sys.argv[2] else None, "
+    "Path('/nonexistent')))\n"
+)
