@@ -20,6 +20,7 @@ from hyperpod_agent.slurm import parse
 from hyperpod_agent.slurm.hostlist import compress_hostlist
 from hyperpod_agent.slurm.maint import MaintenanceCalls
 from hyperpod_agent.slurm.models import Job, Node
+from hyperpod_agent.slurm.resize import ResizeCalls
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def _check_job(job_id: int) -> str:
     return str(job_id)
 
 
-class SlurmClient(MaintenanceCalls):
+class SlurmClient(MaintenanceCalls, ResizeCalls):
     """Runs Slurm's command-line tools against one cluster (CLI backend).
 
     ``slurm_conf`` selects the cluster (sets SLURM_CONF); ``timeout`` bounds every command in

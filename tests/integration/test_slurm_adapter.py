@@ -225,3 +225,42 @@ def test_unknown_job(client: SlurmClient) -> None:
         client.requeue(9_999_999)
     with pytest.raises(SlurmError, match="cannot cancel job 9999999"):
         client.cancel(9_999_999)
+
+
+def test_a_running_job_is_shrunk_and_a_spare_merged_into_it(
+    local_cluster: Any, client: SlurmClient, submit: Callable[..., int]
+) -> None:
+    """The in-allocation retry recipe: same job id, never out of RUNNING, no restart."""
+    spare = local_cluster.spares[0]
+    job_id = submit("-N2", "-w", "node1,node2", "--wrap", "sleep 120")
+    wait_for(partial(_in_state, client, job_id, "RUNNING"), 30, f"job {job_id} running")
+    helper: int | None = None
+    try:
+        client.shrink_job(job_id, ["node1"])
+        job = client.job(job_id)
+        assert job is not None and (job.state, job.nodes) == ("RUNNING", ("node1",))
+        client.resume(spare)
+        helper = client.allocate_expansion(job_id, spare, 10)
+        client.absorb_expansion(job_id, helper)
+        job = client.job(job_id)
+        assert job is not None
+        assert (job.state, job.nodes, job.restart_count) == ("RUNNING", ("node1", spare), 0)
+        step = subprocess.run(
+            ["srun", f"--jobid={job_id}", "-N2", "hostname"],
+            env=local_cluster.env, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert step.returncode == 0, step.stderr
+        assert sorted(step.stdout.split()) == ["node1", spare]
+        # a node that is not free is refused within the wait, its helper gone
+        client.drain("node2", format_reason("test", "busy"))
+        with pytest.raises(SlurmError, match="no expansion on node2"):
+            client.allocate_expansion(job_id, "node2", 2)
+        pending = [j for j in client.list_jobs(all_states=False) if j.name.startswith("hyperpod-")]
+        assert pending == []
+    finally:
+        client.cancel(job_id)
+        if helper is not None:
+            client.cancel(helper)
+        wait_for(partial(_finished, client, job_id), 30, f"job {job_id} to end")
+        client.resume("node2")
+        client.drain(spare, "hyperpod:spare")
