@@ -28,6 +28,12 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 
 RUN_S = 60.0  # a quick run on the fakes takes a few seconds; reboots up to ~40 s
 GATES = {"gate_reentry": True, "gate_spares": True}
+_GATED: list[bool] = []  # set while a drill's controller runs with gates on
+
+
+def gates_on(drill: Drill, gates: dict[str, Any]) -> None:
+    _GATED.append(True)
+    drill.fresh_controller(deep_checks=gates)
 
 
 def reservations(drill: Drill) -> list[Any]:
@@ -74,8 +80,11 @@ def clean(drill: Drill) -> Iterator[Drill]:
     yield drill
     scenario(drill, {})
     deepchecks.install(drill.cluster.dir)  # a drill may have taken a tool away
-    drill.fresh_controller()
-    for name in our_reservations(drill):
+    leftovers = our_reservations(drill)
+    if _GATED or leftovers:
+        _GATED.clear()
+        drill.fresh_controller()  # gates off again (a restart costs ~10 s: only then)
+    for name in leftovers:
         for job in drill.slurm.list_jobs(all_states=False):
             drill.slurm.cancel(job.job_id)
         wait_for("our reservation to go", lambda n=name: _gone(drill, n), timeout=30)
@@ -204,7 +213,7 @@ def test_a_spare_failing_dcgm_is_held_and_the_next_spare_is_swapped_in(clean: Dr
     bad, good = "node4", drill.spares[0]  # node4 joins the pool; it sorts first
     scenario(drill, {bad: {"dcgmi": {"fail": [{"test": "memory", "gpu": 3}]}}})
     drill.slurm.drain(bad, "hyperpod:spare")
-    drill.fresh_controller(deep_checks=GATES)
+    gates_on(drill, GATES)
     wait_for(
         f"{bad} held by its failed dcgm check and {good} qualified",
         lambda: (
@@ -243,7 +252,7 @@ def test_a_rebooted_node_below_the_nccl_floor_is_held_one_that_passes_resumes(
     drill = clean
     slow, fine = "node2", "node3"
     scenario(drill, {slow: {"all_reduce_perf": {"busbw_gbps": 40}}})
-    drill.fresh_controller(deep_checks=GATES | {"gate_spares": False})
+    gates_on(drill, GATES | {"gate_spares": False})
     since = drill.last_event_id()
     boot = drill.node(fine).boot_time
     for node in (slow, fine):
