@@ -3,6 +3,10 @@
 Standard library only (urllib), so the agent needs no HTTP dependency. Every request is
 authenticated by a :class:`~hyperpod_agent.auth.ClientAuth`; every failure becomes a
 typed, one-line :class:`ControllerUnreachable` or :class:`ControllerError`.
+
+A client may hold several controller URLs (controllers with ``[ha]``): a request that
+cannot connect, or that a standby answers ``503 not_leader``, goes to the next URL,
+each at most once per request; the URL that answered is tried first next time.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +63,16 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+def parse_urls(value: str | Sequence[str]) -> tuple[str, ...]:
+    """Controller URLs from a list or a comma-separated string, checked, in order,
+    without repeats; ConfigError when there is none or one is not http(s)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    urls = tuple(dict.fromkeys(check_url(u.strip()) for u in items if u.strip()))
+    if not urls:
+        raise ConfigError(f"no controller URL in {value!r}")
+    return urls
+
+
 def _error_from_body(status: int, reason: str, raw: bytes) -> ControllerError:
     try:
         doc = json.loads(raw)
@@ -71,23 +86,29 @@ def _error_from_body(status: int, reason: str, raw: bytes) -> ControllerError:
 
 
 class ControllerClient:
-    """Talks to one controller. Thread-safe: it holds no connection state."""
+    """Talks to a controller, or the first of several that answers. Thread-safe: it
+    holds no connection state."""
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         auth: ClientAuth,
         timeout: float = 10.0,
         *,
         ca_file: Path | None = None,
     ) -> None:
-        self.url = check_url(url)
+        self.urls = parse_urls(url)
+        self._preferred = 0  # the URL that answered last
         self.auth = auth
         self.timeout = timeout
-        self._prefix = urllib.parse.urlsplit(self.url).path
         self._context: ssl.SSLContext | None = None
         if ca_file is not None:
             self._context = ssl.create_default_context(cafile=str(ca_file))
+
+    @property
+    def url(self) -> str:
+        """The URL tried first: the one that answered last."""
+        return self.urls[self._preferred]
 
     def request(
         self,
@@ -96,8 +117,39 @@ class ControllerClient:
         payload: Any = None,
         query: dict[str, str | int] | None = None,
     ) -> Any:
-        """Send one request; return the decoded JSON answer (None for an empty body)."""
-        target = self._prefix + path
+        """Send one request; return the decoded JSON answer (None for an empty body).
+
+        With several URLs, one that cannot be connected to or answers ``not_leader``
+        passes the request to the next; the last one's error is raised."""
+        start = self._preferred
+        error: ControllerUnreachable | ControllerError | None = None
+        for i in range(len(self.urls)):
+            index = (start + i) % len(self.urls)
+            try:
+                answer = self._request_one(self.urls[index], method, path, payload, query)
+            except _NotSent as exc:
+                error = exc.error
+                continue
+            except ControllerError as exc:
+                if exc.status != 503 or exc.code != "not_leader":
+                    raise
+                error = exc
+                continue
+            self._preferred = index
+            return answer
+        assert error is not None
+        raise error
+
+    def _request_one(
+        self,
+        url: str,
+        method: str,
+        path: str,
+        payload: Any,
+        query: dict[str, str | int] | None,
+    ) -> Any:
+        prefix = urllib.parse.urlsplit(url).path
+        target = prefix + path
         if query:
             target += "?" + urllib.parse.urlencode(query)
         body = b"" if payload is None else json.dumps(payload, default=str).encode()
@@ -108,7 +160,7 @@ class ControllerClient:
         }
         if payload is not None:
             headers["Content-Type"] = "application/json"
-        full = self.url[: len(self.url) - len(self._prefix)] + target
+        full = url[: len(url) - len(prefix)] + target
         req = urllib.request.Request(
             full, data=body if payload is not None else None, headers=headers, method=method
         )
@@ -120,11 +172,13 @@ class ControllerClient:
                 raw = exc.read(64 * 1024)
             raise _error_from_body(exc.code, exc.reason, raw) from None
         except urllib.error.URLError as exc:
-            raise ControllerUnreachable(self.url, _why(exc.reason)) from None
+            # urllib wraps what fails while connecting and sending: the request was
+            # not taken, so another controller may have it.
+            raise _NotSent(ControllerUnreachable(url, _why(exc.reason))) from None
         except TimeoutError:
-            raise ControllerUnreachable(self.url, f"timed out after {self.timeout:g} s") from None
+            raise ControllerUnreachable(url, f"timed out after {self.timeout:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
-            raise ControllerUnreachable(self.url, _why(exc)) from None
+            raise ControllerUnreachable(url, _why(exc)) from None
         if not raw.strip():
             return None
         try:
@@ -203,6 +257,14 @@ class ControllerClient:
         """``POST /v1/heartbeats``."""
         beat = {"node": node, "agent_id": agent_id, "seq": seq, "sent_at": sent_at}
         return self.request("POST", "/v1/heartbeats", beat)
+
+
+class _NotSent(Exception):
+    """A request no controller received (it could not connect): try the next."""
+
+    def __init__(self, error: ControllerUnreachable) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 def _seg(value: str) -> str:

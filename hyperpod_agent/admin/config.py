@@ -18,7 +18,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hyperpod_agent.auth import AuthConfig
 from hyperpod_agent.errors import ConfigError
@@ -33,9 +33,18 @@ ENV_LOCAL_DIR = "HYPERPOD_LOCAL_CLUSTER_DIR"
 class ControllerSection(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # One URL, or several comma-separated (``urls`` in a file): the client tries them
+    # in turn (controllers with [ha]).
     url: str = ""
+    urls: list[str] = Field(default_factory=list)
     timeout_s: float = Field(default=10.0, gt=0, le=600)
     ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ControllerSection:
+        if self.url and self.urls:
+            raise ValueError("set url or urls, not both")
+        return self
 
 
 class AdminConfig(BaseModel):
@@ -120,7 +129,11 @@ def resolve(
         config = read_config(found) if found else AdminConfig()
     controller = config.controller.model_copy(
         update={
-            "url": url or env.get(ENV_URL) or config.controller.url,
+            "url": url
+            or env.get(ENV_URL)
+            or config.controller.url
+            or ",".join(config.controller.urls),
+            "urls": [],
             **({"timeout_s": timeout} if timeout is not None else {}),
         }
     )

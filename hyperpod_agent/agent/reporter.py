@@ -32,7 +32,7 @@ from hyperpod_agent.client import (
     ControllerClient,
     ControllerError,
     ControllerUnreachable,
-    check_url,
+    parse_urls,
 )
 from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.health import JobProgress, NodeReport, Verdict
@@ -45,7 +45,13 @@ class ReporterConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    url: str = Field(default="", description="controller URL; empty disables reporting")
+    url: str = Field(
+        default="",
+        description="controller URL, or several comma-separated; empty disables reporting",
+    )
+    urls: list[str] = Field(
+        default_factory=list, description="several controllers ([ha]): tried in turn"
+    )
     auth: AuthConfig = Field(default_factory=AuthConfig)
     heartbeat_interval_s: float = Field(default=30.0, gt=0, le=3600)
     timeout_s: float = Field(default=5.0, gt=0, le=300)
@@ -72,12 +78,26 @@ class ReporterConfig(BaseModel):
         if not value:
             return ""
         try:
-            return check_url(value)
+            return ",".join(parse_urls(value))
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
 
+    @field_validator("urls")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        try:
+            return list(parse_urls(value)) if value else []
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    def controller_urls(self) -> tuple[str, ...]:
+        """Every controller to report to, in order; empty when reporting is off."""
+        return tuple(self.urls) or (parse_urls(self.url) if self.url else ())
+
     @model_validator(mode="after")
     def _backoff(self) -> ReporterConfig:
+        if self.url and self.urls:
+            raise ValueError("set url or urls, not both")
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError(
                 f"backoff_max_s ({self.backoff_max_s:g}) is below "
@@ -141,7 +161,7 @@ class Reporter:
         self.config = config
         self._progress_interval_s = progress_interval_s
         self.node = node
-        self.enabled = bool(config.url)
+        self.enabled = bool(config.controller_urls())
         self._self_drain = SelfDrain(
             node,
             slurm or _slurm(config),
@@ -172,7 +192,9 @@ class Reporter:
             log.info("no controller URL configured: not reporting")
             return
         auth = ClientAuth(config.auth, node)
-        self._client = ControllerClient(config.url, auth, config.timeout_s, ca_file=config.ca_file)
+        self._client = ControllerClient(
+            config.controller_urls(), auth, config.timeout_s, ca_file=config.ca_file
+        )
         self._thread = threading.Thread(target=self._run, name="hyperpod-reporter", daemon=True)
         self._thread.start()
 
@@ -282,7 +304,7 @@ class Reporter:
             self._sent, self._resend = fp, False
             self._sent_progress, self._last_full = report.progress, now
         self._reachable(now)
-        self._set_state("ok", f"reporting to controller at {self.config.url}")
+        self._set_state("ok", f"reporting to controller at {self._client.url}")
 
     def _reachable(self, now: float) -> None:
         self._last_send = now

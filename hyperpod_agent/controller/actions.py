@@ -15,6 +15,7 @@ import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from hyperpod_agent.controller import intents, metrics
 from hyperpod_agent.controller.config import ControllerConfig
@@ -26,6 +27,7 @@ from hyperpod_agent.controller.providers.base import (
 )
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
 from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store_lease import Lease
 from hyperpod_agent.controller.store_rows import ActionRow, EventIn, FindingRow, TrackedJob
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.models import Job, Node
@@ -64,6 +66,9 @@ class Executor:
         self._crash_hook = crash_hook if crash_hook is not None else _crash_from_env
         # Called while a long provider command runs (the systemd watchdog ping).
         self.keepalive: Keepalive | None = None
+        # The leader's lease while a pass runs with [ha]: every intent write is fenced
+        # with it, so a deposed leader writes none (LeaseLost ends its pass).
+        self.fence: Lease | None = None
 
     # -- the plan -------------------------------------------------------------------
     def execute(
@@ -117,7 +122,7 @@ class Executor:
                     metrics.ACTIONS.labels(kind.value, "failed").inc()
                     kind = Kind.DRAIN
             aid = self.store.add_action(
-                kind.value, pa.node, pa.job_id, pa.reason, pa.cause, now, params
+                kind.value, pa.node, pa.job_id, pa.reason, pa.cause, now, params, fence=self.fence
             )
             self._crash_hook(f"intent:{kind.value}")
             row = self.store.action(aid)
@@ -125,6 +130,9 @@ class Executor:
             self._apply(row, now)
             ids.append(aid)
         return ids
+
+    def _update(self, action_id: int, state: str, now: float, **fields: Any) -> None:
+        self.store.update_action(action_id, state, now, fence=self.fence, **fields)
 
     def _cooling(self, pa: PlannedAction, now: float) -> bool:
         if pa.node is None or pa.admin or pa.kind.value not in COOLDOWN_KINDS:
@@ -282,7 +290,7 @@ class Executor:
         params = {**row.params, "action_id": row.id}
         if self.provider.runs_once:
             started = {"started_at": now, "interrupted": True, "node": row.node}
-            self.store.update_action(row.id, "applied", now, params={**params, "handle": started})
+            self._update(row.id, "applied", now, params={**params, "handle": started})
         try:
             handle = self.provider.replace(str(row.node), row.reason, params, now, self.keepalive)
         except (SlurmError, ProviderError) as exc:
@@ -290,7 +298,7 @@ class Executor:
             return
         self._crash_hook(f"applied:{row.kind}")
         message = f"replace {row.node} via {self.provider.name}: {row.cause}"
-        self.store.update_action(
+        self._update(
             row.id,
             "applied",
             now,
@@ -312,7 +320,7 @@ class Executor:
             why = "replacement did not complete"
             if handle.get("interrupted"):
                 why += " (the controller stopped while its command ran; not run again)"
-            self.store.update_action(
+            self._update(
                 row.id,
                 "failed",
                 now,
@@ -343,7 +351,7 @@ class Executor:
         policy = self.config.policy
         if attempts >= policy.max_attempts:
             message = f"{row.kind} {_row_target(row)} failed after {attempts} attempts: {error}"
-            self.store.update_action(
+            self._update(
                 row.id,
                 "failed",
                 now,
@@ -355,7 +363,7 @@ class Executor:
             log.info("%s", message)
             return
         delay = policy.retry_backoff_s * 2 ** (attempts - 1)
-        self.store.update_action(
+        self._update(
             row.id, "intent", now, attempts=attempts, error=error, next_attempt_at=now + delay
         )
         metrics.ACTIONS.labels(row.kind, "retry").inc()
@@ -370,7 +378,7 @@ class Executor:
 
     def _abandon(self, row: ActionRow, why: str, now: float) -> None:
         message = f"{row.kind} {_row_target(row)} abandoned: {why}"
-        self.store.update_action(
+        self._update(
             row.id,
             "abandoned",
             now,
@@ -406,7 +414,7 @@ class Executor:
             extra = f" (attempt {row.params['attempt']}/{row.params.get('cap', '?')}){extra}"
         reason = f" reason={row.reason!r}" if row.reason else ""
         message = f"{row.kind} {_row_target(row)}{reason}: {row.cause}{extra}"
-        self.store.update_action(
+        self._update(
             row.id,
             "done",
             now,

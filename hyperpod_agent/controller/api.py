@@ -47,6 +47,7 @@ from hyperpod_agent.controller.providers.base import ProviderError
 from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.snapshot import Kind
+from hyperpod_agent.controller.store_lease import Lease, LeaseLost
 from hyperpod_agent.controller.store_rows import (
     NodeRow,
     TrackedJob,
@@ -151,6 +152,7 @@ def create_app(
         nodes = controller.nodes
         rows = controller.store.node_rows()
         verdicts = Counter(rows[n].verdict or "unknown" if n in rows else "unknown" for n in nodes)
+        leader, since = controller.leader()
         return Status(
             nodes_total=len(nodes),
             by_state=dict(Counter(_state(n) for n in nodes.values())),
@@ -161,6 +163,10 @@ def create_app(
             open_faults=len(controller.store.open_faults()),
             pending_actions=len(controller.store.open_actions()),
             last_pass_at=views.ts(controller.last_pass_at),
+            leader=leader,
+            leader_since=views.ts(since),
+            this_controller=controller.config.controller_id(),
+            role=controller.role(),  # type: ignore[arg-type]
         )
 
     def _node_out(
@@ -270,6 +276,7 @@ def create_app(
         identity = _identity(request)
         if not identity.is_admin:
             raise AuthError("admin identity required to report a job's end", 403)
+        controller.require_leader()
         ended = body or JobEndedIn()
         who = f"EpilogSlurmctld ({describe(identity)})"
         tracked = controller.job_ended(job_id, ended.exit_code, ended.state, who)
@@ -301,13 +308,14 @@ def create_app(
         identity = _identity(request)
         if not identity.is_admin:
             raise AuthError("admin identity required for node actions", 403)
+        fence = controller.require_leader()
         if name not in controller.nodes:
             raise Rejected(
                 404,
                 "not_found",
                 f"node {name!r} is not in Slurm's view (or the controller has not read Slurm yet)",
             )
-        return _submit(controller, name, body, identity)
+        return _submit(controller, name, body, identity, fence)
 
     add_check_routes(app, controller, _identity, ERRORS)
 
@@ -323,7 +331,11 @@ def _state(node: Any) -> str:
 
 
 def _submit(
-    controller: Controller, name: str, body: AdminActionIn, identity: Identity
+    controller: Controller,
+    name: str,
+    body: AdminActionIn,
+    identity: Identity,
+    fence: Lease | None,
 ) -> ActionAccepted:
     who = f"uid {identity.uid}"
     message = body.reason or "no reason given"
@@ -343,9 +355,21 @@ def _submit(
         except ProviderError as exc:
             raise Rejected(409, "no_replacement", str(exc)) from exc
     now = controller.clock()
-    aid = controller.store.add_action(
-        kind.value, name, None, reason, f"admin request by {who}: {message}", now, params
-    )
+    try:
+        aid = controller.store.add_action(
+            kind.value,
+            name,
+            None,
+            reason,
+            f"admin request by {who}: {message}",
+            now,
+            params,
+            fence=fence,
+        )
+    except LeaseLost as exc:  # deposed since the check: the next leader takes it
+        assert controller.leadership is not None
+        controller.leadership.drop(str(exc))
+        raise controller.leadership.not_leader() from None
     controller.store.add_event(
         "admin_request",
         f"{body.action} {name} requested by {who}: {message}",

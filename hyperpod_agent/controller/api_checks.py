@@ -113,6 +113,7 @@ def add_check_routes(
         who = identity(request)
         if not who.is_admin:
             raise AuthError("admin identity required for deep checks", 403)
+        controller.require_leader()  # before anything reads Slurm: a standby never does
         prior = _refuse_nodes(controller, body)
         now = controller.clock()
         requester = f"uid {who.uid}"

@@ -37,6 +37,7 @@ ERROR_CODES: dict[str, int] = {
     "internal": 500,
     "auth_unavailable": 503,
     "slurm_unavailable": 503,
+    "not_leader": 503,
 }
 
 
@@ -107,6 +108,10 @@ class Status(BaseModel):
     open_faults: int
     pending_actions: int
     last_pass_at: datetime | None
+    leader: str | None = None
+    leader_since: datetime | None = None
+    this_controller: str
+    role: Literal["leader", "standby", "single"]
 
 
 class NodeOut(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -14,6 +15,7 @@ import click
 
 from hyperpod_agent.auth import ServerAuth
 from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, load_config
+from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.providers import make_provider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store import Store
@@ -43,15 +45,28 @@ def build(config: ControllerConfig, config_path: Path | None) -> Controller:
 
     check_watchdog(config, os.environ)
     # Claim the state before migrating it: a second controller must change nothing.
+    # With [ha] several controllers share it and the leader lease says which one acts.
     store = Store(config.store_location(), migrate=False)
     try:
-        store.claim()
+        if not config.ha.enabled:
+            store.claim()
         store.migrate()
     except BaseException:
         store.close()
         raise
+    leadership = None
+    if config.ha.enabled:
+        ha = config.ha
+        leadership = Leadership(store, config.controller_id(), ha.lease_ttl_s, ha.renew_every_s)
     slurm = SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s)
-    return Controller(config, store, slurm, make_provider(config.provider, slurm), config_path)
+    return Controller(
+        config,
+        store,
+        slurm,
+        make_provider(config.provider, slurm),
+        config_path,
+        leadership=leadership,
+    )
 
 
 def serve(controller: Controller) -> None:
@@ -82,14 +97,23 @@ def serve(controller: Controller) -> None:
         daemon=True,
     )
     server = make_server(app, config.listen_host, config.listen_port)
+    # uvicorn stops on SIGTERM/SIGINT and then raises the signal again under the handler
+    # it found: with the default one the process would die there, before the cleanup
+    # below (the loop stopped, the leader lease released, the store closed).
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _stopped)
+    if controller.leadership is not None:
+        controller.leadership.start()
     loop.start()
     sd_notify("READY=1")
     log.info(
-        "controller listening on %s:%d (auth %s, dry_run %s)",
+        "controller %s listening on %s:%d (auth %s, dry_run %s, %s)",
+        config.controller_id(),
         config.listen_host,
         config.listen_port,
         config.auth.mode,
         config.policy.dry_run,
+        "high availability" if controller.leadership is not None else "single",
     )
     try:
         server.run(sockets=[sock])
@@ -98,7 +122,14 @@ def serve(controller: Controller) -> None:
         stop.set()
         controller.wake.set()
         loop.join(timeout=30)
+        if controller.leadership is not None:
+            # Only once the loop stopped acting: a standby takes over at once.
+            controller.leadership.stop(release=not loop.is_alive())
         controller.store.close()
+
+
+def _stopped(signum: int, frame: object) -> None:
+    log.info("controller stopping on signal %d", signum)
 
 
 _config_option = click.option(

@@ -6,6 +6,7 @@ the file, the key and what was expected.
 
 from __future__ import annotations
 
+import socket
 import sys
 import tomllib
 from pathlib import Path
@@ -15,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hyperpod_agent.auth import AuthConfig
 from hyperpod_agent.controller.store_url import (
+    PostgresLocation,
     StoreLocation,
     parse_store_url,
     store_location,
@@ -210,6 +212,31 @@ class DeepCheckConfig(BaseModel):
         return self
 
 
+class HaConfig(BaseModel):
+    """``[ha]``: several controllers on one PostgreSQL store, one leading (DESIGN §14,
+    docs/controller.md "High availability")."""
+
+    model_config = _FROZEN
+
+    enabled: bool = False
+    controller_id: str | None = Field(
+        default=None, min_length=1, max_length=128, description="default <hostname>:<listen_port>"
+    )
+    lease_ttl_s: float = Field(default=6.0, gt=0, le=600)
+    renew_every_s: float = Field(default=2.0, gt=0, le=300)
+
+    @model_validator(mode="after")
+    def _timing(self) -> HaConfig:
+        # A leader stops acting renew_every_s before its lease ends; the TTL must leave
+        # it at least one more renew than that.
+        if self.lease_ttl_s <= 2 * self.renew_every_s:
+            raise ValueError(
+                f"ha.lease_ttl_s ({self.lease_ttl_s:g}) must be more than twice "
+                f"ha.renew_every_s ({self.renew_every_s:g})"
+            )
+        return self
+
+
 class ControllerConfig(BaseModel):
     """The whole ``controller.toml``."""
 
@@ -245,6 +272,7 @@ class ControllerConfig(BaseModel):
     provider: ProviderConfig = Field(default_factory=ProviderConfig)
     progress: ProgressConfig = Field(default_factory=ProgressConfig)
     deep_checks: DeepCheckConfig = Field(default_factory=DeepCheckConfig)
+    ha: HaConfig = Field(default_factory=HaConfig)
 
     @field_validator("store")
     @classmethod
@@ -257,12 +285,21 @@ class ControllerConfig(BaseModel):
         """Where the state lives (store_url.py)."""
         return store_location(self.store, self.store_password_file, self.state_db)
 
+    def controller_id(self) -> str:
+        """This controller's name in the leader lease and in ``/v1/status``."""
+        return self.ha.controller_id or f"{socket.gethostname()}:{self.listen_port}"
+
     @model_validator(mode="after")
     def _cross(self) -> ControllerConfig:
         try:
             self.store_location()
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        if self.ha.enabled and not isinstance(self.store_location(), PostgresLocation):
+            raise ValueError(
+                'ha.enabled needs a PostgreSQL store (store = "postgresql://…"): '
+                "controllers share their state through it"
+            )
         if self.policy.heartbeat_timeout_s < self.reconcile_interval_s:
             raise ValueError("policy.heartbeat_timeout_s must be >= reconcile_interval_s")
         longest = max(self.policy.lemon_window_s, self.policy.escalation_window_s)

@@ -41,6 +41,11 @@ PASSES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+LEADER = Gauge(
+    "hyperpod_controller_leader",
+    "1 while this controller leads (always 1 without [ha]), 0 on a standby",
+    registry=REGISTRY,
+)
 PASS_SECONDS = Histogram(
     "hyperpod_controller_pass_seconds", "Duration of a reconcile pass", registry=REGISTRY
 )

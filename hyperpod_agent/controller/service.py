@@ -3,6 +3,11 @@
 Each pass re-reads Slurm, finishes open intents, asks the pure policy what to do and
 lets the executor do it. A fault report wakes the loop at once. Slurm errors never
 end the loop: they are logged, counted and retried on the next pass.
+
+With ``[ha]`` only the leader passes (leadership.py); a standby stores what agents
+send and serves the API. The leader's intents are fenced with its lease: one lost
+during a pass ends the pass, and the next leader's first pass finishes the open
+intents as a restarted controller does.
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ from hyperpod_agent.controller.config import ControllerConfig, load_config
 from hyperpod_agent.controller.deepcheck_run import CheckRunner
 from hyperpod_agent.controller.ingest import Heartbeat, Ingest
 from hyperpod_agent.controller.jobwatch import JobWatch
+from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.providers.base import Provider, ProviderError, SlurmApi
 from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Decision, Kind, NodeHealth, PlannedAction, Snapshot
 from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store_lease import Lease, LeaseLost
 from hyperpod_agent.controller.store_rows import NodeRow, TrackedJob
 from hyperpod_agent.errors import ConfigError, SlurmError
 from hyperpod_agent.health import JobProgress, Verdict
@@ -53,6 +60,7 @@ class Controller(Ingest):
         provider: Provider,
         config_path: Path | None = None,
         clock: Callable[[], float] = time.time,
+        leadership: Leadership | None = None,
     ) -> None:
         self.config = config
         self.config_path = config_path
@@ -62,6 +70,11 @@ class Controller(Ingest):
         self.clock = clock
         self.executor = Executor(store, slurm, provider, config)
         self.wake = threading.Event()
+        self.leadership = leadership
+        if leadership is None:
+            metrics.LEADER.set(1)
+        elif leadership.on_change is None:
+            leadership.on_change = self.wake.set  # a new leader passes at once
         self.started_at = clock()
         self.nodes: dict[str, Node] = {}
         self.jobs: list[Job] = []
@@ -97,7 +110,7 @@ class Controller(Ingest):
             log.error("config reload failed, keeping the last good one: %s", exc)
             self.store.add_event("config_error", str(exc), self.clock())
             return
-        for key in ("listen_host", "listen_port", "state_db", "auth", "max_body_bytes"):
+        for key in ("listen_host", "listen_port", "state_db", "auth", "max_body_bytes", "ha"):
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("config: %s changed; takes effect after a restart", key)
         self.config = new
@@ -196,8 +209,53 @@ class Controller(Ingest):
         elif job.state.upper() in ENDED and tracked.state not in ("done", "exhausted"):
             self.store.upsert_job(dataclasses.replace(tracked, state="done", updated_at=now))
 
+    # -- leader and standby ---------------------------------------------------------
+    def role(self) -> str:
+        """``single`` without [ha]; else ``leader`` or ``standby``."""
+        if self.leadership is None:
+            return "single"
+        return "leader" if self.leadership.is_leader() else "standby"
+
+    def leader(self) -> tuple[str | None, float | None]:
+        """Which controller leads (its id) and since when, as far as this one knows."""
+        if self.leadership is None:
+            return self.config.controller_id(), self.started_at
+        current = self.leadership.leader()
+        return current if current is not None else (None, None)
+
+    def require_leader(self) -> Lease | None:
+        """The lease an admin write is fenced with (None without [ha]); a standby
+        refuses the write (503 ``not_leader``)."""
+        if self.leadership is None:
+            return None
+        lease = self.leadership.lease()
+        if lease is None:
+            raise self.leadership.not_leader()
+        return lease
+
     def reconcile_once(self) -> Decision | None:
-        """One pass. Returns the decision, or None when Slurm could not be read."""
+        """One pass. Returns the decision; None when Slurm could not be read, on a
+        standby, or when the lease was lost during the pass."""
+        if self.leadership is None:
+            return self._pass()
+        lease = self.leadership.lease()
+        if lease is None:
+            # A standby stores what agents sent it; it touches neither Slurm nor a provider.
+            self._reload_config()
+            self._flush_heartbeats()
+            return None
+        self.executor.fence = lease
+        try:
+            return self._pass()
+        except LeaseLost as exc:
+            log.warning("lease lost during a pass; this controller stops acting: %s", exc)
+            metrics.PASSES.labels("lease_lost").inc()
+            self.leadership.drop(str(exc))
+            return None
+        finally:
+            self.executor.fence = None
+
+    def _pass(self) -> Decision | None:
         started = time.monotonic()
         self._reload_config()
         now = self.clock()

@@ -13,7 +13,7 @@ sharing a database need synchronised clocks and a ``ttl`` well above their skew.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hyperpod_agent.controller.store_db import Database
 from hyperpod_agent.controller.store_dialect import Tx
@@ -32,6 +32,8 @@ class Lease:
     holder: str  # '' when released
     token: int
     expires_at: float
+    # When ``holder`` took it (a new token); not part of what a fence compares.
+    since: float = field(default=0.0, compare=False)
 
 
 class LeaseLog(Database):
@@ -39,9 +41,12 @@ class LeaseLog(Database):
 
     def lease(self, name: str = LEADER) -> Lease | None:
         rows = self._query(
-            "SELECT name, holder, token, expires_at FROM leases WHERE name=?", (name,)
+            "SELECT name, holder, token, expires_at, since FROM leases WHERE name=?", (name,)
         )
-        return Lease(rows[0][0], rows[0][1], int(rows[0][2]), float(rows[0][3])) if rows else None
+        if not rows:
+            return None
+        row = rows[0]
+        return Lease(row[0], row[1], int(row[2]), float(row[3]), float(row[4]))
 
     def acquire(self, holder: str, ttl: float, now: float, name: str = LEADER) -> Lease | None:
         """The lease for ``holder`` until ``now + ttl`` when it is free, expired or
@@ -58,12 +63,15 @@ class LeaseLog(Database):
             # the later one re-reads it, so exactly one wins.
             row = db.execute(
                 "UPDATE leases SET token = CASE WHEN holder=? AND expires_at>? THEN token "
-                "ELSE token + 1 END, holder=?, expires_at=? "
+                "ELSE token + 1 END, since = CASE WHEN holder=? AND expires_at>? THEN since "
+                "ELSE ? END, holder=?, expires_at=? "
                 "WHERE name=? AND (holder=? OR holder='' OR expires_at<=?) "
-                "RETURNING token",
-                (holder, now, holder, now + ttl, name, holder, now),
+                "RETURNING token, since",
+                (holder, now, holder, now, now, holder, now + ttl, name, holder, now),
             ).fetchone()
-        return None if row is None else Lease(name, holder, int(row[0]), now + ttl)
+        if row is None:
+            return None
+        return Lease(name, holder, int(row[0]), now + ttl, float(row[1]))
 
     def renew(self, lease: Lease, ttl: float, now: float) -> Lease | None:
         """``lease`` extended to ``now + ttl``; None when it was lost or expired (the
@@ -74,7 +82,9 @@ class LeaseLog(Database):
                 "AND expires_at>? RETURNING token",
                 (now + ttl, lease.name, lease.holder, lease.token, now),
             ).fetchone()
-        return None if row is None else Lease(lease.name, lease.holder, lease.token, now + ttl)
+        if row is None:
+            return None
+        return Lease(lease.name, lease.holder, lease.token, now + ttl, lease.since)
 
     def release(self, lease: Lease) -> bool:
         """Give ``lease`` up at once (a clean shutdown); False when it was not held."""

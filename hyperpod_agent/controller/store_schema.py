@@ -76,4 +76,8 @@ MIGRATIONS: list[str] = [
         name TEXT PRIMARY KEY, holder TEXT NOT NULL, token INTEGER NOT NULL,
         expires_at REAL NOT NULL);
     """,
+    # 7: when the lease's holder took it (its token changed), for ``/v1/status``.
+    """
+    ALTER TABLE leases ADD COLUMN since REAL NOT NULL DEFAULT 0;
+    """,
 ]

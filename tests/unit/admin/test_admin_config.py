@@ -175,3 +175,19 @@ def test_a_symlink_is_judged_by_what_it_points_at(tmp_path: Path) -> None:
     link.symlink_to(target)
     with pytest.raises(ConfigError, match=f"not trusted: its directory {shared} "):
         resolve(url=None, munge_socket=None, config_file=link, timeout=None, env={})
+
+
+def test_several_controllers_from_a_list_or_the_environment(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "a.toml", '[controller]\nurls = ["http://h1:1", "http://h2:2"]\n')
+    env = no_files(tmp_path)
+    got = resolve(url=None, munge_socket=None, config_file=cfg, timeout=None, env=env)
+    assert got.controller.url == "http://h1:1,http://h2:2"
+    env["HYPERPOD_CONTROLLER_URL"] = "http://e1:1,http://e2:2"
+    got = resolve(url=None, munge_socket=None, config_file=cfg, timeout=None, env=env)
+    assert got.controller.url == "http://e1:1,http://e2:2"
+
+
+def test_url_and_urls_together_are_refused(tmp_path: Path) -> None:
+    cfg = write(tmp_path / "a.toml", '[controller]\nurl = "http://a:1"\nurls = ["http://b:2"]\n')
+    with pytest.raises(ConfigError, match="url or urls, not both"):
+        read_config(cfg)

@@ -185,3 +185,20 @@ def test_progress_defaults(tmp_path: Path) -> None:
 )
 def test_progress_keys_are_checked(tmp_path: Path, text: str, expected: str) -> None:
     assert error(tmp_path, text).startswith(f"{tmp_path / 'agent.toml'}: {expected}")
+
+
+def test_controller_urls_a_list_or_comma_separated(tmp_path: Path) -> None:
+    listed = load(tmp_path, '[controller]\nurls = ["http://h1:8787", "http://h2:8787/"]\n')
+    assert listed.controller.controller_urls() == ("http://h1:8787", "http://h2:8787")
+    commas = load(tmp_path, '[controller]\nurl = "http://h1:8787, http://h2:8787"\n')
+    assert commas.controller.controller_urls() == ("http://h1:8787", "http://h2:8787")
+    single = load(tmp_path, '[controller]\nurl = "http://h1:8787"\n')
+    assert single.controller.url == "http://h1:8787"
+    assert single.controller.controller_urls() == ("http://h1:8787",)
+    assert load(tmp_path, "").controller.controller_urls() == ()
+
+
+def test_controller_urls_errors_name_the_key(tmp_path: Path) -> None:
+    assert "controller.urls" in error(tmp_path, '[controller]\nurls = ["ftp://h1"]\n')
+    both = '[controller]\nurl = "http://a:1"\nurls = ["http://b:2"]\n'
+    assert "url or urls, not both" in error(tmp_path, both)

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import random
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from store_helpers import PG_PASSWORD, PG_ROLE, StoreTarget
+from store_helpers import PG_PASSWORD, PG_ROLE, StoreTarget, port_free
 
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_url import PostgresLocation, parse_store_url
@@ -28,15 +27,6 @@ from hyperpod_agent.localcluster.postgres import (
 PG_PORTS = range(18400, 18500)
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PostgresServer]:
     try:
@@ -46,7 +36,7 @@ def pg_server() -> Iterator[PostgresServer]:
     # Other checkouts may run their own server in the range: try a few free ports.
     errors: list[str] = []
     for port in random.sample(PG_PORTS, 8):
-        if not _port_free(port):
+        if not port_free(port):
             continue
         try:
             # No fsync: no test crashes the server; the commits' durability settings

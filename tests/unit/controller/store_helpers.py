@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
 from pathlib import Path
 
@@ -16,6 +17,16 @@ PG_PASSWORD = "s3cret-for-tests"
 INTEGRITY_ERRORS = (sqlite3.IntegrityError, psycopg.IntegrityError)
 
 StoreTarget = Path | StoreLocation
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on ``port`` of loopback (others' checkouts may)."""
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def target_argv(target: StoreTarget) -> list[str]:

@@ -148,3 +148,18 @@ def test_a_takeover_waits_for_an_intent_being_written_under_the_old_lease(
     assert [a.created_at for a in new.open_actions()] == [129.0]
     with pytest.raises(LeaseLost):
         old.add_action("drain", "node2", None, "r", "c", 132.0, fence=lease)
+
+
+def test_since_is_when_the_holder_took_the_lease(store: Store) -> None:
+    a = store.acquire("ctl-a", TTL, 100.0)
+    assert a is not None and a.since == 100.0
+    renewed = store.renew(a, TTL, 110.0)
+    assert renewed is not None and renewed.since == 100.0
+    again = store.acquire("ctl-a", TTL, 120.0)
+    assert again is not None and again.since == 100.0
+    held = store.lease()
+    assert held is not None and held.since == 100.0
+    b = store.acquire("ctl-b", TTL, 200.0)  # a's expired: b takes it now
+    assert b is not None and b.since == 200.0
+    held = store.lease()
+    assert held is not None and held.since == 200.0
