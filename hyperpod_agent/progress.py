@@ -50,7 +50,7 @@ _PRINTABLE = bytes(c if 0x20 <= c < 0x7F else 0x3F for c in range(256))
 _PAUSED, _PAUSED_AT = struct.Struct("<I"), fmt.STATE_OFFSET
 _STEP, _STEP_AT = struct.Struct("<qd"), fmt.STATE_OFFSET + struct.calcsize("<Id")
 _PAUSE, _PAUSE_AT = struct.Struct(f"<d{fmt.REASON_LEN}s"), _STEP_AT + struct.calcsize("<qd")
-_pack_seq, _pack_step = fmt.SEQ.pack_into, _STEP.pack_into
+_pack_step = _STEP.pack_into
 _pack_duration, _pack_total = fmt.DURATION.pack_into, fmt.TOTAL.pack_into
 _monotonic, _time = time.monotonic, time.time
 
@@ -60,6 +60,10 @@ class _Writer:
 
     def __init__(self, mapped: mmap.mmap, path: Path) -> None:
         self.map, self.path = mapped, path
+        # seq is stored through a typed view: one aligned 4-byte store. struct's
+        # pack_into zeroes its bytes before it writes them, and a reader that meets
+        # that passing 0 takes it for an even (finished) sequence number.
+        self.seq_view = memoryview(mapped)[fmt.SEQ_OFFSET : fmt.SEQ_OFFSET + fmt.SEQ.size].cast("I")
         self.lock = threading.Lock()  # a write is several stores: one thread at a time
         self.seq = 0
         self.step = -1
@@ -79,8 +83,8 @@ class _Writer:
             raise ValueError(f"step {n} is outside 0..2**62")
         with self.lock:
             now = _monotonic()
-            m, seq = self.map, self.seq
-            _pack_seq(m, fmt.SEQ_OFFSET, (seq + 1) & _MASK)
+            m, seq, seq_view = self.map, self.seq, self.seq_view
+            seq_view[0] = (seq + 1) & _MASK
             _pack_step(m, _STEP_AT, n, _time())
             if self.reasons:
                 self.pause_t0 = now  # the rest of the phase does not count either
@@ -93,7 +97,7 @@ class _Writer:
                 _pack_total(m, fmt.TOTAL_OFFSET, total)
                 self.total = total
             self.seq = (seq + 2) & _MASK
-            _pack_seq(m, fmt.SEQ_OFFSET, self.seq)
+            seq_view[0] = self.seq
             self.step, self.since_step = n, now
 
     def pause(self, reason: str) -> None:
@@ -120,14 +124,15 @@ class _Writer:
 
     def _write_pause(self, paused: int, since: float, reason: bytes) -> None:
         m, seq = self.map, self.seq
-        _pack_seq(m, fmt.SEQ_OFFSET, (seq + 1) & _MASK)
+        self.seq_view[0] = (seq + 1) & _MASK
         _PAUSED.pack_into(m, _PAUSED_AT, paused)
         _PAUSE.pack_into(m, _PAUSE_AT, since, reason)
         self.seq = (seq + 2) & _MASK
-        _pack_seq(m, fmt.SEQ_OFFSET, self.seq)
+        self.seq_view[0] = self.seq
 
     def close(self) -> None:
         with self.lock:
+            self.seq_view.release()  # the map cannot close while a view is exported
             self.map.close()
 
 

@@ -166,6 +166,11 @@ def _consistent_copy(fd: int) -> pf.Record:
     for attempt in range(TRIES):
         if attempt:
             os.sched_yield()  # let a writer that was preempted mid-write finish
+        # The sequence number is read on its own before the copy and again after it:
+        # the copy's own bytes come from one string copy in the kernel, whose loads
+        # the CPU may perform out of order (fast-string copies), so the seq inside
+        # the copy does not prove the fields after it were read later.
+        before = os.pread(fd, pf.SEQ.size, pf.SEQ_OFFSET)
         data = os.pread(fd, pf.SIZE, 0)
         if len(data) != pf.SIZE:
             raise Skip("size", f"{len(data)} bytes read, expected {pf.SIZE}")
@@ -174,7 +179,8 @@ def _consistent_copy(fd: int) -> pf.Record:
             raise Skip("format", "not a progress record (bad magic)")
         if version != pf.VERSION:
             raise Skip("format", f"version {version}, expected {pf.VERSION}")
-        if seq % 2 or os.pread(fd, pf.SEQ.size, pf.SEQ_OFFSET) != data[pf.SEQ_OFFSET : _SEQ_END]:
+        after = os.pread(fd, pf.SEQ.size, pf.SEQ_OFFSET)
+        if seq % 2 or not before == after == data[pf.SEQ_OFFSET : _SEQ_END]:
             continue  # a write is under way, or one happened under our read
         try:
             return pf.decode(data)

@@ -40,15 +40,16 @@ def job(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def read_consistent(path: Path, tries: int = 10_000) -> fmt.Record:
-    """One whole record, by the seqlock protocol: the copy's ``seq`` must be even and the
-    same as the file's right after the copy."""
+    """One whole record, by the seqlock protocol: ``seq`` read on its own before the copy,
+    the copy's own and the file's right after must be the same even number."""
     fd = os.open(path, os.O_RDONLY)
     try:
         for _ in range(tries):
+            (first,) = fmt.SEQ.unpack(os.pread(fd, fmt.SEQ.size, fmt.SEQ_OFFSET))
             data = os.pread(fd, fmt.SIZE, 0)
             after = fmt.SEQ.unpack(os.pread(fd, fmt.SEQ.size, fmt.SEQ_OFFSET))[0]
             (before,) = fmt.SEQ.unpack_from(data, fmt.SEQ_OFFSET)
-            if before % 2 == 0 and before == after:
+            if before % 2 == 0 and first == before == after:
                 return fmt.decode(data)
     finally:
         os.close(fd)
