@@ -248,6 +248,7 @@ def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
     for job in slurm.list_jobs(all_states=False):
         slurm.cancel(job.job_id)
+    retire_finished_jobs(cluster)
     services = cluster.services
     for node in cluster.shape.all_names:
         cluster.node_start(node)  # a crashed node comes back (no-op when running)
@@ -338,3 +339,26 @@ def fresh_controller(
     services.start_controller()
     for node in cluster.shape.all_names:
         services.start_agent(node)
+
+
+def retire_finished_jobs(cluster: LocalCluster) -> list[int]:
+    """Turn every FAILED / NODE_FAIL job that opted into auto-resume into CANCELLED.
+
+    Slurm shows a finished job for MinJobAge, and a fault found on its node within
+    ``fault_window_s`` of its end rightly has it requeued: a drill's fault must not
+    resurrect a job an earlier test left behind. ``scontrol requeuehold`` then
+    ``scancel`` ends it as CANCELLED, which auto-resume never requeues. Returns the ids.
+    """
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    retired = []
+    for job in slurm.list_jobs():
+        if job.auto_resume is None or job.state not in ("FAILED", "NODE_FAIL"):
+            continue
+        held = subprocess.run(
+            ["scontrol", "requeuehold", str(job.job_id)],
+            env=cluster.env, capture_output=True, text=True, timeout=10, check=False,
+        )  # fmt: skip
+        if held.returncode == 0:  # a --no-requeue job cannot be requeued by anyone
+            slurm.cancel(job.job_id)
+            retired.append(job.job_id)
+    return retired

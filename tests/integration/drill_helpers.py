@@ -259,6 +259,9 @@ class Drill:
         # job Slurm still shows as FAILED) would turn a reboot into a replacement.
         for job in self.slurm.list_jobs(all_states=False):
             self.slurm.cancel(job.job_id)
+        # ... and a FAILED auto-resume job still in view would be requeued by a fault
+        # the next drill injects on its node.
+        drill.retire_finished_jobs(self.cluster)
         for name in self.all_nodes:
             self.heal_gpus(name)
             self.set_link(name, True)
