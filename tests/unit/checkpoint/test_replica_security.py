@@ -60,7 +60,12 @@ class _Recorder:
         self.address = self.listener.getsockname()
         self.sent = bytearray()
         self.received = bytearray()
-        threading.Thread(target=self._accept, daemon=True).start()
+        # Every socket and pump thread made, so close() ends them: sockets left to the
+        # garbage collector warn in whichever thread or test happens to collect them.
+        self.conns: list[socket.socket] = []
+        self.pumps: list[threading.Thread] = []
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
 
     def _accept(self) -> None:
         while True:
@@ -69,8 +74,11 @@ class _Recorder:
             except OSError:
                 return
             b = socket.create_connection(self.target)
+            self.conns += [a, b]
             for src, dst, log in ((a, b, self.sent), (b, a, self.received)):
-                threading.Thread(target=self._pump, args=(src, dst, log), daemon=True).start()
+                pump = threading.Thread(target=self._pump, args=(src, dst, log), daemon=True)
+                self.pumps.append(pump)
+                pump.start()
 
     @staticmethod
     def _pump(src: socket.socket, dst: socket.socket, log: bytearray) -> None:
@@ -90,7 +98,21 @@ class _Recorder:
             dst.sendall(data)
 
     def close(self) -> None:
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept() (Linux)
+        except OSError:
+            pass
         self.listener.close()
+        self.acceptor.join(timeout=10)
+        for conn in self.conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for pump in self.pumps:
+            pump.join(timeout=10)
+        for conn in self.conns:
+            conn.close()
 
 
 def test_the_secret_never_crosses_the_network(server: ReplicaServer) -> None:
