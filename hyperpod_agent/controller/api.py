@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hyperpod_agent.auth import AuthError, Identity, ServerAuth, describe, require_node
 from hyperpod_agent.controller import api_views as views
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.api_checks import add_check_routes, outcome_view
+from hyperpod_agent.controller.api_checks import add_check_routes
 from hyperpod_agent.controller.api_guard import Guard, error_response, validation_message
 from hyperpod_agent.controller.api_models import (
     ERROR_CODES,
@@ -215,7 +215,7 @@ def create_app(
             NodeDetail,
             faults=[views.fault_view(f) for f in history],
             findings=[views.finding_view(f) for f in controller.store.node_findings(name)],
-            deep_checks=[outcome_view(o) for o in controller.store.node_outcomes(name)],
+            deep_checks=[views.outcome_view(o) for o in controller.store.node_outcomes(name)],
             actions=[views.action_view(a) for a in controller.store.node_actions(name)],
             report=row.report_dict() if row else None,
         )

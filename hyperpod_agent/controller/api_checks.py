@@ -14,11 +14,10 @@ from fastapi import FastAPI, Request
 from fastapi import Path as FastApiPath
 
 from hyperpod_agent.auth import AuthError, Identity
-from hyperpod_agent.controller.api_models import CheckIn, CheckOutcomeOut, CheckRunOut
-from hyperpod_agent.controller.api_views import ts
+from hyperpod_agent.controller.api_models import CheckIn, CheckRunOut
+from hyperpod_agent.controller.api_views import run_view
 from hyperpod_agent.controller.deepcheck_outcomes import suite_limit_s
 from hyperpod_agent.controller.ingest import Rejected
-from hyperpod_agent.controller.store_checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store_rows import EventIn
 from hyperpod_agent.errors import ConfigError, SlurmError
 
@@ -27,37 +26,6 @@ if TYPE_CHECKING:
 
 BUSY_STATES = ("ALLOCATED", "MIXED", "COMPLETING")
 MAX_RUN_ID = 2**63 - 1
-
-
-def outcome_view(o: NodeOutcome) -> CheckOutcomeOut:
-    return CheckOutcomeOut(
-        run_id=o.run_id,
-        node=o.node,
-        purpose=o.purpose,
-        outcome=o.outcome,
-        check=o.check,
-        cause=o.cause,
-        ran=o.ran,
-        at=ts(o.at),
-        results=o.detail,
-    )
-
-
-def run_view(run: CheckRun, outcomes: list[NodeOutcome]) -> CheckRunOut:
-    return CheckRunOut(
-        id=run.id,
-        nodes=list(run.nodes),
-        level=run.level,
-        purpose=run.purpose,
-        phase=run.phase,
-        job_id=run.job_id,
-        reservation=run.reservation,
-        requested_by=run.requested_by,
-        created_at=ts(run.created_at),
-        updated_at=ts(run.updated_at),
-        error=run.error,
-        outcomes=[outcome_view(o) for o in outcomes],
-    )
 
 
 def _refuse_nodes(controller: Controller, body: CheckIn) -> dict[str, str]:

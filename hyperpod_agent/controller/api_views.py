@@ -7,7 +7,15 @@ from datetime import UTC, datetime
 
 from fastapi.exceptions import RequestValidationError
 
-from hyperpod_agent.controller.api_models import ActionOut, EventOut, FaultOut, FindingOut
+from hyperpod_agent.controller.api_models import (
+    ActionOut,
+    CheckOutcomeOut,
+    CheckRunOut,
+    EventOut,
+    FaultOut,
+    FindingOut,
+)
+from hyperpod_agent.controller.store_checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store_rows import ActionRow, EventRow, FaultRow, FindingRow
 
 
@@ -97,4 +105,35 @@ def event_view(e: EventRow) -> EventOut:
         job_id=e.job_id,
         cause=e.cause,
         message=e.message,
+    )
+
+
+def outcome_view(o: NodeOutcome) -> CheckOutcomeOut:
+    return CheckOutcomeOut(
+        run_id=o.run_id,
+        node=o.node,
+        purpose=o.purpose,
+        outcome=o.outcome,
+        check=o.check,
+        cause=o.cause,
+        ran=o.ran,
+        at=ts(o.at),
+        results=o.detail,
+    )
+
+
+def run_view(run: CheckRun, outcomes: list[NodeOutcome]) -> CheckRunOut:
+    return CheckRunOut(
+        id=run.id,
+        nodes=list(run.nodes),
+        level=run.level,
+        purpose=run.purpose,
+        phase=run.phase,
+        job_id=run.job_id,
+        reservation=run.reservation,
+        requested_by=run.requested_by,
+        created_at=ts(run.created_at),
+        updated_at=ts(run.updated_at),
+        error=run.error,
+        outcomes=[outcome_view(o) for o in outcomes],
     )

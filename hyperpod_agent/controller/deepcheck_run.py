@@ -31,7 +31,6 @@ from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import DeepCheckConfig
 from hyperpod_agent.controller.deepcheck_outcomes import (
     DRAIN_FIRST_REASON,
-    hold_reason,
     judge_node,
     suite_limit_s,
     target_of,
@@ -55,13 +54,12 @@ ENDED = frozenset(
 _CANCEL_GRACE_S = 60.0
 
 
-CheckSlurm = SlurmApi
 # phases a run may enter and go through in the same pass (see CheckRunner._steps)
 CHAINED = ("reserve", "resume", "submit")
 RUN_PREFIX = "hyperpod-check-"  # CheckRun.reservation
 SWEEP_EVERY_S = 600.0
 
-# (node, hold reason, cause) -> the controller replaces a node that failed re-entry
+# (node, the check it failed, cause) -> the controller replaces a node that failed re-entry
 Escalate = Callable[[str, str, str], None]
 
 
@@ -71,7 +69,7 @@ class CheckRunner:
     def __init__(
         self,
         store: Store,
-        slurm: CheckSlurm,
+        slurm: SlurmApi,
         deep: DeepCheckConfig,
         slurm_users: Sequence[str],
         escalate: Escalate | None = None,
@@ -86,6 +84,9 @@ class CheckRunner:
         """One step of every open run; how many changed Slurm."""
         changed = 0
         runs = self.store.open_check_runs()
+        # a run's name never changes: the runs open at the start own every reservation
+        # of ours that should exist, those made in this pass included
+        owned = {r.reservation for r in runs}
         by_id = {j.job_id: j for j in jobs}
         for run in runs:
             try:
@@ -96,19 +97,20 @@ class CheckRunner:
                 log.warning("deep check run %d (%s): %s (retrying)", run.id, run.phase, exc)
         if now - self._swept_at >= SWEEP_EVERY_S:
             try:
-                changed += self.sweep(nodes, jobs, now)
+                changed += self.sweep(owned, nodes, jobs, now)
                 self._swept_at = now
             except SlurmError as exc:
                 log.warning("deep checks: looking for left-over reservations: %s", exc)
         metrics.DEEP_CHECKS_RUNNING.set(len(self.store.open_check_runs()))
         return changed
 
-    def sweep(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
+    def sweep(
+        self, owned: set[str], nodes: Mapping[str, Node], jobs: Sequence[Job], now: float
+    ) -> int:
         """Remove check reservations no open run owns (a state database restored or
         started afresh under a run). Their nodes were resumed by that run and what
         they were before is lost: a node in service inside one is held, never put
-        into service blind."""
-        owned = {r.reservation for r in self.store.open_check_runs()}
+        into service blind. ``owned``: the reservations of the open runs."""
         changed = 0
         for resv in self.slurm.reservations():
             if not resv.name.startswith(RUN_PREFIX) or resv.name in owned:
@@ -325,7 +327,7 @@ class CheckRunner:
         if run.purpose == "reentry" and self.escalate is not None:
             for o in outcomes.values():
                 if o.ran and o.outcome == "FAIL":
-                    self.escalate(o.node, hold_reason(o), f"deep check {o.check} FAIL: {o.cause}")
+                    self.escalate(o.node, o.check or "-", f"deep check {o.check} FAIL: {o.cause}")
         return changed + 1
 
     def _put_back(

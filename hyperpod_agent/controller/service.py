@@ -153,7 +153,12 @@ class Controller(Ingest):
             started_at=self.started_at,
             replaced=self.store.replaced_nodes(),
             findings=self.store.findings_since(now - policy.lemon_window_s),
-            check_outcomes=self.store.latest_outcomes(),
+            # only the gates read them: no query over every result when both are off
+            check_outcomes=(
+                self.store.latest_outcomes()
+                if self.config.deep_checks.gate_reentry or self.config.deep_checks.gate_spares
+                else {}
+            ),
             checking=frozenset(n for r in self.store.open_check_runs() for n in r.nodes),
         )
 
@@ -172,7 +177,7 @@ class Controller(Ingest):
             params = {"spare": spare} if spare else {"no_spare": pool.why_none(failed)}
         return self.provider.prepare(node, self.nodes, params)
 
-    def _escalate(self, node: str, held: str, cause: str) -> None:
+    def _escalate(self, node: str, check: str, cause: str) -> None:
         """A node that failed its deep check after a reboot or repair: replaced, as a
         fault that came back after its remedy is (the node stays held meanwhile)."""
         now = self.clock()
@@ -180,7 +185,7 @@ class Controller(Ingest):
             params = self.replacement_params(node)
         except ProviderError as exc:
             params = {"no_spare": str(exc)}
-        reason = format_reason(Verb.REPLACE, "deep-check", held.split(" ")[2], cause)
+        reason = format_reason(Verb.REPLACE, "deep-check", check, cause)
         action = PlannedAction(Kind.REPLACE, node, reason, cause, params=params)
         try:  # the node as it is now (held by the run), not as this pass began
             nodes = {n.name: n for n in self.slurm.list_nodes()}

@@ -6,7 +6,7 @@ import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from hyperpod_agent.errors import SlurmParseError
+from hyperpod_agent.errors import SlurmError, SlurmParseError
 from hyperpod_agent.slurm.hostlist import expand_hostlist
 
 # Job states after which the job no longer runs; exit codes and end times mean something.
@@ -75,3 +75,15 @@ def parse_auto_resume(admin_comment: str) -> int | None:
     """``auto_resume=N`` anywhere in a job's admin comment -> N; None when absent."""
     m = AUTO_RESUME.search(admin_comment or "")
     return int(m.group(1)) if m else None
+
+
+def usage_error(argv: Sequence[str], message: str) -> SlurmError:
+    """A call refused before any command ran (bad argument)."""
+    return SlurmError(list(argv), None, "", message)
+
+
+def check_job(job_id: int) -> str:
+    """A job id as Slurm takes it; SlurmError for a bool, a non-int or a non-positive id."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
+        raise usage_error(["scontrol"], f"invalid job id {job_id!r}")
+    return str(job_id)

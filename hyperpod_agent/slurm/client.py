@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hyperpod_agent.errors import SlurmError, SlurmTimeout
 from hyperpod_agent.slurm import parse
+from hyperpod_agent.slurm._common import check_job, usage_error
 from hyperpod_agent.slurm.hostlist import compress_hostlist
 from hyperpod_agent.slurm.maint import MaintenanceCalls
 from hyperpod_agent.slurm.models import Job, Node
@@ -47,32 +48,24 @@ def format_reason(action: str, *details: str, prefix: str = REASON_PREFIX) -> st
     return text[:REASON_MAX_LEN].rstrip()
 
 
-def _usage(argv: Sequence[str], message: str) -> SlurmError:
-    return SlurmError(list(argv), None, "", message)
-
-
 def _check_node(node: str, what: str = "node name") -> str:
     if not isinstance(node, str) or not node or len(node) > _MAX_NAME_LEN:
-        raise _usage(["scontrol"], f"invalid {what} {node!r}")
+        raise usage_error(["scontrol"], f"invalid {what} {node!r}")
     if not _NODE_NAME.fullmatch(node):
-        raise _usage(["scontrol"], f"invalid {what} {node!r}: letters, digits, '._-' only")
+        raise usage_error(["scontrol"], f"invalid {what} {node!r}: letters, digits, '._-' only")
     return node
 
 
 def _check_reason(reason: str) -> str:
     if not isinstance(reason, str) or not reason.strip():
-        raise _usage(["scontrol"], "a reason is required")
+        raise usage_error(["scontrol"], "a reason is required")
     if _CONTROL.search(reason):
-        raise _usage(["scontrol"], f"reason has a control character (newline, tab): {reason!r}")
+        raise usage_error(
+            ["scontrol"], f"reason has a control character (newline, tab): {reason!r}"
+        )
     if len(reason) > REASON_MAX_LEN:
-        raise _usage(["scontrol"], f"reason longer than {REASON_MAX_LEN} characters")
+        raise usage_error(["scontrol"], f"reason longer than {REASON_MAX_LEN} characters")
     return reason.strip()
-
-
-def _check_job(job_id: int) -> str:
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
-        raise _usage(["scontrol"], f"invalid job id {job_id!r}")
-    return str(job_id)
 
 
 class SlurmClient(MaintenanceCalls, ResizeCalls):
@@ -197,7 +190,7 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
         _check_node(node)
         reason = _check_reason(reason)
         if next_state not in ("resume", "down", ""):
-            raise _usage(
+            raise usage_error(
                 ["scontrol", "reboot"], f"next_state must be resume, down or '': {next_state!r}"
             )
         argv = ["scontrol", "reboot"] + (["ASAP"] if asap else [])
@@ -210,7 +203,7 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
         _check_node(node)
         for value, what in ((addr, "address"), (hostname, "hostname")):
             if value is not None and (not _HOSTNAME.fullmatch(value) or len(value) > 255):
-                raise _usage(["scontrol", "update"], f"invalid {what} {value!r}")
+                raise usage_error(["scontrol", "update"], f"invalid {what} {value!r}")
         argv = ["scontrol", "update", f"nodename={node}", f"nodeaddr={addr}"]
         if hostname is not None:
             argv.append(f"nodehostname={hostname}")
@@ -221,7 +214,7 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
         _check_node(partition, "partition name")
         names = [_check_node(n) for n in nodes]
         if not names:
-            raise _usage(["scontrol", "update"], f"refusing to empty partition {partition}")
+            raise usage_error(["scontrol", "update"], f"refusing to empty partition {partition}")
         hostlist = compress_hostlist(names)
         argv = ["scontrol", "update", f"partitionname={partition}", f"nodes={hostlist}"]
         self._change(argv, "set-partition-nodes", partition, hostlist)
@@ -239,7 +232,7 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
 
     def job(self, job_id: int) -> Job | None:
         """One job (``scontrol show job -o ID``); None once slurmctld has forgotten it."""
-        argv = ["scontrol", "show", "job", "-o", _check_job(job_id)]
+        argv = ["scontrol", "show", "job", "-o", check_job(job_id)]
         try:
             out = self._run(argv)
         except SlurmTimeout:
@@ -253,17 +246,17 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
 
     def requeue(self, job_id: int) -> None:
         """Requeue a batch job under the same id (running, or failed within MinJobAge)."""
-        jid = _check_job(job_id)
+        jid = check_job(job_id)
         self._change(["scontrol", "requeue", jid], "requeue", f"job {jid}")
 
     def cancel(self, job_id: int, signal: str | int | None = None) -> None:
         """Cancel a job, or send it ``signal``. Cancelling a finished job is not an error."""
-        jid = _check_job(job_id)
+        jid = check_job(job_id)
         argv = ["scancel", "--verbose"]
         if signal is not None:
             sig = str(signal).upper()
             if not _SIGNAL.fullmatch(sig):
-                raise _usage(["scancel"], f"invalid signal {signal!r}")
+                raise usage_error(["scancel"], f"invalid signal {signal!r}")
             argv.append(f"--signal={sig}")
         argv.append(jid)
         proc = self._exec(argv, None)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from hyperpod_agent.errors import SlurmError, SlurmParseError
+from hyperpod_agent.slurm._common import usage_error
 from hyperpod_agent.slurm.hostlist import compress_hostlist, expand_hostlist
 from hyperpod_agent.slurm.scontrol_text import parse_kv_line
 
@@ -41,13 +43,9 @@ class Reservation:
     state: str  # ACTIVE, INACTIVE
 
 
-def _usage(argv: Sequence[str], message: str) -> SlurmError:
-    return SlurmError(list(argv), None, "", message)
-
-
 def check_name(name: str, what: str = "reservation name") -> str:
     if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise _usage(["scontrol"], f"invalid {what} {name!r}: letters, digits, '._-' only")
+        raise usage_error(["scontrol"], f"invalid {what} {name!r}: letters, digits, '._-' only")
     return name
 
 
@@ -76,14 +74,21 @@ def parse_reservations(text: str, argv: Sequence[str]) -> list[Reservation]:
     return out
 
 
-class MaintenanceCalls:
-    """Mixed into SlurmClient: ``_run`` and ``_change`` come from there."""
+class SlurmCalls:
+    """What the call groups mixed into SlurmClient use of it (defined there)."""
 
     def _run(self, argv: Sequence[str], timeout: float | None = None) -> str:
         raise NotImplementedError
 
     def _change(self, argv: list[str], what: str, target: str, reason: str = "") -> None:
         raise NotImplementedError
+
+    def _exec(self, argv: list[str], timeout: float | None) -> subprocess.CompletedProcess[str]:
+        raise NotImplementedError
+
+
+class MaintenanceCalls(SlurmCalls):
+    """Reservations and batch submission, mixed into SlurmClient."""
 
     def reservations(self) -> list[Reservation]:
         """Every reservation slurmctld knows."""
@@ -99,7 +104,9 @@ class MaintenanceCalls:
         names = [check_name(n, "node name") for n in nodes]
         who = [check_name(u, "user name") for u in users]
         if not names or not who or minutes < 1:
-            raise _usage(["scontrol", "create"], "a reservation needs nodes, users and minutes")
+            raise usage_error(
+                ["scontrol", "create"], "a reservation needs nodes, users and minutes"
+            )
         argv = [
             "scontrol", "create", "reservation", f"ReservationName={name}",
             f"Nodes={compress_hostlist(names)}", "StartTime=now", f"Duration={int(minutes)}",

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 from collections.abc import Sequence
 
 from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.slurm._common import check_job
 from hyperpod_agent.slurm.hostlist import compress_hostlist
-from hyperpod_agent.slurm.maint import check_name
+from hyperpod_agent.slurm.maint import SlurmCalls, check_name
 
 log = logging.getLogger(__name__)
 
@@ -33,30 +33,15 @@ _ABSORBED_NOISE = "Unexpected message received"
 EXPAND_PREFIX = "hyperpod-expand-"
 
 
-def _job(job_id: int) -> str:
-    if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id <= 0:
-        raise SlurmError(["scontrol"], None, "", f"invalid job id {job_id!r}")
-    return str(job_id)
-
-
-class ResizeCalls:
-    """Mixed into SlurmClient: ``_run``, ``_exec`` and ``_change`` come from there."""
-
-    def _run(self, argv: Sequence[str], timeout: float | None = None) -> str:
-        raise NotImplementedError
-
-    def _change(self, argv: list[str], what: str, target: str, reason: str = "") -> None:
-        raise NotImplementedError
-
-    def _exec(self, argv: list[str], timeout: float | None) -> subprocess.CompletedProcess[str]:
-        raise NotImplementedError
+class ResizeCalls(SlurmCalls):
+    """Job shrink and expansion, mixed into SlurmClient."""
 
     def shrink_job(self, job_id: int, keep: Sequence[str]) -> None:
         """Release every node of running job ``job_id`` but ``keep``."""
         names = [check_name(n, "node name") for n in keep]
         if not names:
             raise SlurmError(["scontrol", "update"], None, "", "a job keeps at least one node")
-        jid = _job(job_id)
+        jid = check_job(job_id)
         hostlist = compress_hostlist(names)
         argv = ["scontrol", "update", f"jobid={jid}", f"NodeList={hostlist}"]
         self._change(argv, "shrink", f"job {jid}", hostlist)
@@ -64,7 +49,7 @@ class ResizeCalls:
     def allocate_expansion(self, job_id: int, node: str, wait_s: int) -> int:
         """A helper allocation of ``node`` that may be merged into ``job_id``; its job
         id. Gives up after ``wait_s`` seconds when the node is not free (SlurmError)."""
-        jid = _job(job_id)
+        jid = check_job(job_id)
         argv = [
             "salloc", "--no-shell", "-N1", f"--nodelist={check_name(node, 'node name')}",
             f"--immediate={max(int(wait_s), 1)}", f"--dependency=expand:{jid}",
@@ -86,7 +71,7 @@ class ResizeCalls:
         """Merge helper allocation ``helper_id`` into ``job_id``. 'Unexpected message'
         exits are Slurm's noise (seen on the second update): the caller reads the job
         back to confirm it holds the node."""
-        jid, hid = _job(job_id), _job(helper_id)
+        jid, hid = check_job(job_id), check_job(helper_id)
         for argv, what, target in (
             (["scontrol", "update", f"jobid={hid}", "NumNodes=0"], "release", f"job {hid}"),
             (["scontrol", "update", f"jobid={jid}", "NumNodes=ALL"], "expand", f"job {jid}"),
