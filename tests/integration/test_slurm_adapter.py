@@ -7,6 +7,8 @@ are cancelled, even when an assertion fails.
 from __future__ import annotations
 
 import getpass
+import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +20,7 @@ from typing import Any, TypeVar
 import pytest
 
 from hyperpod_agent.errors import SlurmError, SlurmTimeout
+from hyperpod_agent.localcluster import procs
 from hyperpod_agent.slurm.client import SlurmClient, format_reason
 from hyperpod_agent.slurm.models import Job
 
@@ -206,10 +209,18 @@ def test_auto_resume_value_reaches_the_job(
 
 
 def test_timeout_raises_slurm_timeout(local_cluster: Any) -> None:
-    hasty = SlurmClient(slurm_conf=local_cluster.slurm_conf, timeout=0.001)
-    with pytest.raises(SlurmTimeout, match="timed out after 0.001 s"):
-        hasty.list_nodes()
-    assert hasty.ping() is False
+    # A frozen slurmctld is the real stall: nothing answers, whatever the machine's speed.
+    pid = procs.read_pidfile(local_cluster.dir / "run" / "slurmctld.pid", "slurmctld")
+    assert pid is not None, "slurmctld is not running"
+    hasty = SlurmClient(slurm_conf=local_cluster.slurm_conf, timeout=0.5)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(SlurmTimeout, match="timed out after 0.5 s"):
+            hasty.list_nodes()
+        assert hasty.ping() is False
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert SlurmClient(slurm_conf=local_cluster.slurm_conf).ping() is True
 
 
 def test_unknown_node_raises_naming_the_node(client: SlurmClient) -> None:
