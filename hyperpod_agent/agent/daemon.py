@@ -67,7 +67,7 @@ def build_probes(config: AgentConfig) -> dict[str, Probe[ProbeConfig]]:
 def make_reporter(config: AgentConfig) -> Any:
     """The controller reporter, or None when no controller is configured or the
     reporter is not available in this build."""
-    if not getattr(config.controller, "url", ""):
+    if not config.controller.controller_urls():
         return None
     from hyperpod_agent.agent import reporter as reporter_module
 

@@ -129,6 +129,14 @@ def test_no_controller_url_means_no_reporter(tmp_path: Path) -> None:
     assert make_reporter(make_config(tmp_path)) is None
 
 
+def test_a_list_of_controller_urls_makes_a_reporter(tmp_path: Path) -> None:
+    # A standby pair is configured as ``urls``, with ``url`` left empty.
+    urls = ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    reporter = make_reporter(make_config(tmp_path, controller={"urls": urls}))
+    assert reporter is not None
+    reporter.close()
+
+
 def test_sd_notify_sends_datagram(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "notify"
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
