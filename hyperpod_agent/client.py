@@ -194,6 +194,29 @@ class ControllerClient:
         """``GET /v1/healthz``."""
         return self.request("GET", "/v1/healthz")
 
+    def controllers(self) -> list[dict[str, Any]]:
+        """Every configured controller's own ``/v1/healthz`` (who it is, its role), or
+        why it did not answer; one entry per URL, in order."""
+        out: list[dict[str, Any]] = []
+        for url in self.urls:
+            entry: dict[str, Any] = {"url": url, "ok": False, "controller": None, "role": None}
+            try:
+                doc = self._request_one(url, "GET", "/v1/healthz", None, None)
+            except _NotSent as exc:
+                entry["error"] = f"unreachable: {exc.error}"
+            except (ControllerUnreachable, ControllerError) as exc:
+                entry["error"] = f"unreachable: {exc}"
+            else:
+                doc = doc if isinstance(doc, dict) else {}
+                entry.update(
+                    ok=doc.get("ok") is True,
+                    controller=doc.get("controller"),
+                    role=doc.get("role"),
+                    last_pass_at=doc.get("last_pass_at"),
+                )
+            out.append(entry)
+        return out
+
     def nodes(self) -> Any:
         """``GET /v1/nodes``."""
         return self.request("GET", "/v1/nodes")

@@ -46,8 +46,12 @@ def status(
     timeout: float | None,
     as_json: bool,
 ) -> None:
-    """Cluster summary: nodes by state and verdict, faults, incident mode."""
-    doc = make_client(url, munge_socket, config_file, timeout).status()
+    """Cluster summary: nodes by state and verdict, faults, incident mode; with
+    several controllers, which one leads and how each one is."""
+    client = make_client(url, munge_socket, config_file, timeout)
+    doc = client.status()
+    if len(client.urls) > 1 and isinstance(doc, dict):
+        doc = {**doc, "controllers": client.controllers()}
     _emit(doc, as_json, lambda d: render.status_text(_obj(d), _now()))
 
 

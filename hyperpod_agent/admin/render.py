@@ -122,7 +122,13 @@ def status_text(s: dict[str, Any], now: datetime) -> str:
     if s.get("incident_mode"):
         incident = f"YES: {s.get('incident_reason') or 'no reason given'}"
     last = s.get("last_pass_at")
-    return fields(
+    leading = []
+    if s.get("role") not in (None, "single"):
+        since = s.get("leader_since")
+        who = s.get("leader") or "none (no controller holds the lease)"
+        when = f" since {timestamp(since)} ({age(since, now)} ago)" if since else ""
+        leading = [("leader", who + when)]
+    text = fields(
         [
             ("nodes", s.get("nodes_total")),
             ("by state", counts(s.get("by_state"))),
@@ -132,7 +138,24 @@ def status_text(s: dict[str, Any], now: datetime) -> str:
             ("incident mode", incident),
             ("dry run", bool(s.get("dry_run"))),
             ("last pass", f"{timestamp(last)} ({age(last, now)} ago)" if last else "never"),
+            *leading,
         ]
+    )
+    controllers = s.get("controllers")
+    if not isinstance(controllers, list) or not controllers:
+        return text
+    return text + "\n\n" + _controllers_table(controllers)
+
+
+def _controllers_table(rows: Sequence[dict[str, Any]]) -> str:
+    return table(
+        rows,
+        [
+            ("CONTROLLER", lambda c: c.get("controller")),
+            ("URL", lambda c: c.get("url")),
+            ("ROLE", lambda c: c.get("role")),
+            ("HEALTH", lambda c: "ok" if c.get("ok") else c.get("error") or "not ok"),
+        ],
     )
 
 

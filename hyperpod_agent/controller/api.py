@@ -139,9 +139,12 @@ def create_app(
 
     @app.get("/v1/healthz")
     def healthz() -> dict[str, Any]:
-        """Liveness of the controller itself (no authentication)."""
+        """Liveness of the controller itself (no authentication): which controller this
+        is and whether it leads, so a client holding several URLs can show each."""
         return {
             "ok": True,
+            "controller": controller.config.controller_id(),
+            "role": controller.role(),
             "last_pass_at": views.ts(controller.last_pass_at),
             "schema_version": controller.store.schema_version(),
         }

@@ -20,7 +20,8 @@ from collections.abc import Callable
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.ingest import Rejected
-from hyperpod_agent.controller.store_lease import Lease, LeaseLog
+from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store_lease import Lease
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Leadership:
 
     def __init__(
         self,
-        store: LeaseLog,
+        store: Store,
         controller_id: str,
         ttl_s: float,
         renew_every_s: float,
@@ -116,18 +117,35 @@ class Leadership:
             self._lease = lease
         if lease is not None and not was:
             log.warning("%s leads now (lease token %d)", self.controller_id, lease.token)
+            self._record(lease)
         elif lease is None and was:
             log.warning("%s no longer leads: %s", self.controller_id, why)
         else:
             return
-        metrics.LEADER.set(1 if lease is not None else 0)
         if self.on_change is not None:
             self.on_change()
 
+    def _record(self, lease: Lease) -> None:
+        """An event per takeover, so the event log tells which controller acted when."""
+        try:
+            self.store.add_event(
+                "leader",
+                f"{self.controller_id} leads (lease token {lease.token})",
+                self.clock(),
+                cause=f"lease since {lease.since:.3f}",
+            )
+        except Exception as exc:  # noqa: BLE001 - leading does not depend on the record
+            log.warning("could not record the takeover: %s", exc)
+
     # -- the renewing thread --------------------------------------------------------
+    def start_gauge(self) -> None:
+        """``hyperpod_controller_leader`` reads :meth:`is_leader` when scraped: a renew
+        stuck on an unreachable database cannot leave it saying "leader"."""
+        metrics.LEADER.set_function(lambda: 1.0 if self.is_leader() else 0.0)
+
     def start(self) -> None:
         """Take or renew the lease every ``renew_every_s`` until ``stop``."""
-        metrics.LEADER.set(0)
+        self.start_gauge()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="leadership", daemon=True)
         self._thread.start()

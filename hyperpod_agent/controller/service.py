@@ -72,7 +72,7 @@ class Controller(Ingest):
         self.wake = threading.Event()
         self.leadership = leadership
         if leadership is None:
-            metrics.LEADER.set(1)
+            metrics.LEADER.set_function(lambda: 1.0)
         elif leadership.on_change is None:
             leadership.on_change = self.wake.set  # a new leader passes at once
         self.started_at = clock()

@@ -125,6 +125,34 @@ def test_status_incident_mode_is_loud(stub: Stub) -> None:
     assert "incident mode:   YES: 40% of main failing disk" in run(stub, status).output
 
 
+def _closed_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_status_names_the_leader_and_every_controllers_health(stub: Stub) -> None:
+    ha = {**STATUS, "role": "leader", "leader": "head1", "leader_since": ISO}
+    stub.answer("GET", "/v1/status", 200, ha)
+    stub.answer(
+        "GET",
+        "/v1/healthz",
+        200,
+        {"ok": True, "controller": "head1", "role": "leader", "last_pass_at": ISO},
+    )
+    dead = _closed_url()
+    stub.config.write_text(stub.config.read_text().replace(stub.url, f"{stub.url},{dead}"))
+    result = run(stub, status)
+    assert result.exit_code == 0, result.output
+    assert "leader:          head1 since" in result.output and "(42s ago)" in result.output
+    rows = {line.split()[0]: line.split() for line in result.output.splitlines()[-2:]}
+    assert rows["head1"][1:4] == [stub.url, "leader", "ok"]
+    assert rows["-"][1:4] == [dead, "-", "unreachable:"]
+    doc = json.loads(run(stub, status, "--json").output)
+    assert [c["url"] for c in doc["controllers"]] == [stub.url, dead]
+    assert doc["controllers"][0]["role"] == "leader" and doc["controllers"][1]["ok"] is False
+
+
 def test_status_json_is_the_raw_answer(stub: Stub) -> None:
     stub.answer("GET", "/v1/status", 200, STATUS)
     result = run(stub, status, "--json")

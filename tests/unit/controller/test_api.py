@@ -137,6 +137,8 @@ def nothing_stored(api: Api) -> bool:
 def test_healthz_needs_no_auth(api: Api) -> None:
     resp = api.client.get("/v1/healthz")
     assert resp.status_code == 200 and resp.json()["ok"] is True
+    doc = resp.json()
+    assert doc["role"] == "single" and doc["controller"] == api.controller.config.controller_id()
 
 
 def test_report_is_stored_and_wakes_the_loop(api: Api) -> None:

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from ha_helpers import RENEW, TTL, Clock
 
+from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_url import PostgresLocation
@@ -139,3 +140,34 @@ def test_two_started_at_once_exactly_one_leads_every_time(stores: list[Store]) -
         leader = a if a.is_leader() else b
         assert leader.leader() == (leader.controller_id, clock.t)
         leader.stop(release=True)
+
+
+def test_each_takeover_is_an_event_naming_the_new_leader(stores: list[Store]) -> None:
+    clock = Clock()
+    a, b = pair(stores, clock)
+    assert a.tick()
+    lease = a.lease()
+    assert lease is not None
+    for _ in range(3):  # renewals are no takeover
+        clock.t += RENEW
+        assert a.tick()
+    clock.t = lease.expires_at + 3 * RENEW + 1
+    assert b.tick()
+    leads = [e for e in stores[0].events(limit=50) if e.kind == "leader"]
+    assert [e.message for e in sorted(leads, key=lambda e: e.id)] == [
+        f"ctl-a:8787 leads (lease token {lease.token})",
+        f"ctl-b:8787 leads (lease token {lease.token + 1})",
+    ]
+
+
+def test_the_leader_gauge_follows_the_clock_without_a_renew(stores: list[Store]) -> None:
+    # A renew stuck on an unreachable database must not leave the gauge saying "leader".
+    clock = Clock()
+    a, _ = pair(stores, clock)
+    a.start_gauge()
+    assert a.tick()
+    assert metrics.REGISTRY.get_sample_value("hyperpod_controller_leader") == 1.0
+    lease = a.lease()
+    assert lease is not None
+    clock.t = lease.expires_at - RENEW
+    assert metrics.REGISTRY.get_sample_value("hyperpod_controller_leader") == 0.0

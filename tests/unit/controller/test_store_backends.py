@@ -73,14 +73,15 @@ def test_migrate_upgrades_and_prints_the_version_before_and_after(
     assert version_of(store_target) == LATEST
 
 
-def test_migrate_refuses_a_newer_schema_in_one_line_changing_nothing(
-    store_target: StoreTarget, tmp_path: Path, open_store: OpenStore
+@pytest.mark.parametrize("command", ["migrate", "run"])
+def test_a_newer_schema_is_refused_in_one_line_changing_nothing(
+    store_target: StoreTarget, tmp_path: Path, open_store: OpenStore, command: str
 ) -> None:
     store = open_store(store_target)
     with store._tx() as db:
         db.execute("UPDATE schema_version SET version=99")
     store.close()
-    proc = run_cli("migrate", "--config", str(config_for(tmp_path, store_target)))
+    proc = run_cli(command, "--config", str(config_for(tmp_path, store_target)))
     assert proc.returncode == 3 and proc.stdout == ""
     [line] = proc.stderr.strip().splitlines()
     assert line.endswith(
