@@ -68,6 +68,11 @@ def local_cluster() -> None:
     is_flag=True,
     help="Also start the controller and an agent per node (fake GPUs).",
 )
+@click.option(
+    "--ha",
+    is_flag=True,
+    help="With --with-services: a PostgreSQL store and two controllers, one leading.",
+)
 def up(
     nodes: int,
     spares: int,
@@ -78,12 +83,17 @@ def up(
     cred_expire: int,
     timeout: float,
     with_services: bool,
+    ha: bool,
 ) -> None:
     """Start the cluster and wait until every in-service node is idle."""
     if nodes < 1:
         raise click.BadParameter("must be at least 1", param_hint="--nodes")
     if spares < 0:
         raise click.BadParameter("must be 0 or more", param_hint="--spares")
+    if ha and not with_services:
+        raise click.BadParameter(
+            "needs --with-services (it is about the controllers)", param_hint="--ha"
+        )
     cluster = LocalCluster(
         dir_,
         nodes,
@@ -92,6 +102,7 @@ def up(
         slurmd_timeout=slurmd_timeout,
         message_timeout=message_timeout,
         cred_expire=cred_expire,
+        ha=ha,
     )
     started = cluster.up(timeout=timeout, services=with_services)
     what = "started" if started else "already running"
@@ -101,7 +112,9 @@ def up(
         err=True,
     )
     if cluster.has_services():
-        click.echo(f"controller: {cluster.services.controller_url}", err=True)
+        services = cluster.services
+        for name in services.controllers:
+            click.echo(f"{name}: {services.url_of(name)}", err=True)
     click.echo(f"export SLURM_CONF={cluster.slurm_conf}")
 
 

@@ -71,9 +71,10 @@ class LocalCluster:
         nodes: int = 4,
         spares: int = 1,
         port_base: int = DEFAULT_PORT_BASE,
+        ha: bool = False,
         **timing: int,
     ) -> None:
-        self.shape = Shape(Path(dir).resolve(), nodes, spares, port_base, **timing)
+        self.shape = Shape(Path(dir).resolve(), nodes, spares, port_base, ha=ha, **timing)
 
     # ----------------------------------------------------------------- layout
     @property

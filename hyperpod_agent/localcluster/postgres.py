@@ -16,11 +16,12 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.errors import HyperpodError
+from hyperpod_agent.localcluster import daemons, procs
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_USER = "hyperpod-pg"  # the system user a root caller runs the server as
@@ -82,6 +83,13 @@ class PostgresServer:
             return {}
         return {"user": self._user.pw_uid, "group": self._user.pw_gid, "extra_groups": []}
 
+    def adopt_data(self) -> None:
+        """Use the data directory an earlier :meth:`init` made (a restart)."""
+        if not (self.data / "PG_VERSION").exists():
+            raise PostgresError(f"{self.data}: no database directory to start")
+        if os.geteuid() == 0:
+            self._user = _ensure_user(PG_USER)
+
     def init(self) -> None:
         if os.geteuid() == 0:
             self._user = _ensure_user(PG_USER)
@@ -109,33 +117,67 @@ class PostgresServer:
             last = (proc.stderr.strip().splitlines() or [str(proc.returncode)])[-1]
             raise PostgresError(f"initdb {self.data}: {last}")
 
-    def start(self, settings: Mapping[str, str], timeout_s: float) -> None:
+    def _argv(self, settings: Mapping[str, str]) -> list[str]:
         argv = [str(self.bin_dir / "postgres"), "-D", str(self.data)]
         argv += ["-h", "127.0.0.1", "-p", str(self.port), "-k", str(self.data)]
         for key, value in settings.items():
             argv += ["-c", f"{key}={value}"]
+        return argv
+
+    def start(self, settings: Mapping[str, str], timeout_s: float) -> None:
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv
-                argv,
+                self._argv(settings),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
                 start_new_session=True,
                 **self._run_as(),
             )
-        self._wait_ready(timeout_s)
+        proc = self._proc
+        try:
+            self._wait_ready(timeout_s, lambda: proc.poll())
+        except PostgresError:
+            self.stop()
+            raise
 
-    def _wait_ready(self, timeout_s: float) -> None:
+    def start_detached(self, settings: Mapping[str, str], timeout_s: float) -> int:
+        """Start the server in a session of its own and return its pid. Unlike
+        :meth:`start` it is no child the caller must wait for: the local cluster's
+        database outlives the command that started it (stop it with SIGINT)."""
+        argv = self._argv(settings)
+        if self._user is not None:  # setpriv execs postgres: the pid stays the same
+            user = self._user
+            argv = [
+                "setpriv",
+                f"--reuid={user.pw_uid}",
+                f"--regid={user.pw_gid}",
+                "--clear-groups",
+                *argv,
+            ]
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+        pid = daemons.spawn(argv, self.log_path, env)
+
+        def exited() -> int | None:
+            return None if procs.alive(pid) else -1
+
+        try:
+            self._wait_ready(timeout_s, exited)
+        except PostgresError:
+            procs.stop([pid])
+            raise
+        return pid
+
+    def _wait_ready(self, timeout_s: float, exited: Callable[[], int | None]) -> None:
         import psycopg
 
         deadline = time.monotonic() + timeout_s
         last = "not started"
         while time.monotonic() < deadline:
-            assert self._proc is not None
-            if self._proc.poll() is not None:
+            code = exited()
+            if code is not None:
                 raise PostgresError(
-                    f"postgres on port {self.port} exited with {self._proc.returncode}: "
-                    f"{self.log_tail()}"
+                    f"postgres on port {self.port} exited with {code}: {self.log_tail()}"
                 )
             try:
                 psycopg.connect(**self._admin_args(), connect_timeout=2).close()
@@ -143,7 +185,6 @@ class PostgresServer:
             except psycopg.OperationalError as exc:
                 last = " ".join(str(exc).split())
             time.sleep(0.1)
-        self.stop()
         raise PostgresError(f"postgres on port {self.port}: not ready in {timeout_s:g} s: {last}")
 
     def log_tail(self) -> str:

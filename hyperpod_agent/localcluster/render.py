@@ -24,6 +24,7 @@ class Shape:
     cred_expire: int = 5
     cpus_per_node: int = 2
     mem_mb_per_node: int = 1000
+    ha: bool = False  # two controllers on a PostgreSQL store (localcluster/ha.py)
 
     @property
     def node_names(self) -> list[str]:

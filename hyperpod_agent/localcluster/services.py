@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import deepchecks, procs
+from hyperpod_agent.localcluster import deepchecks, ha, procs
 from hyperpod_agent.localcluster.namespaces import is_mount
 
 if TYPE_CHECKING:
@@ -75,6 +75,20 @@ class Services:
     def controller_url(self) -> str:
         return f"http://127.0.0.1:{self.controller_port}"
 
+    @property
+    def controllers(self) -> tuple[str, ...]:
+        """The controllers' service names: two with ``--ha``, the first leading at start."""
+        return ha.CONTROLLERS if self.cluster.shape.ha else ha.CONTROLLERS[:1]
+
+    def url_of(self, controller: str) -> str:
+        return f"http://127.0.0.1:{ha.controller_port(self.cluster.shape, controller)}"
+
+    def _controller_keys(self) -> dict[str, Any]:
+        """How clients (agents, the admin CLI) name the controllers."""
+        if self.cluster.shape.ha:
+            return {"urls": [self.url_of(c) for c in self.controllers]}
+        return {"url": self.controller_url}
+
     def netns(self, node: str) -> str:
         return f"hp{self.cluster.shape.port_base}-{node}"
 
@@ -100,10 +114,12 @@ class Services:
             "check_origin": False,
         }
 
-    def controller_config(self) -> dict[str, Any]:
+    def controller_config(self, controller: str = "controller") -> dict[str, Any]:
+        shared = ha.store_section(self.cluster.shape, controller) if self.cluster.shape.ha else {}
         return {
+            **shared,
             "listen_host": "127.0.0.1",
-            "listen_port": self.controller_port,
+            "listen_port": ha.controller_port(self.cluster.shape, controller),
             "state_db": str(self.dir / "state" / "controller.db"),
             "slurm_conf": str(self.cluster.slurm_conf),
             "slurm_user": "root",  # SlurmUser in the local cluster's slurm.conf
@@ -165,7 +181,7 @@ class Services:
                 "script": {"enabled": False},
             },
             "controller": {
-                "url": self.controller_url,
+                **self._controller_keys(),
                 "auth": self.auth(),
                 "heartbeat_interval_s": 5.0,
                 "backoff_max_s": 5.0,
@@ -182,10 +198,11 @@ class Services:
 
         etc = self.dir / "etc"
         deepchecks.install(self.dir)
-        ControllerConfig.model_validate(self.controller_config())
-        (etc / "controller.toml").write_text(to_toml(self.controller_config()))
+        for name in self.controllers:
+            ControllerConfig.model_validate(self.controller_config(name))
+            (etc / f"{name}.toml").write_text(to_toml(self.controller_config(name)))
         # What `hyperpod status/nodes/...` read (with HYPERPOD_LOCAL_CLUSTER_DIR=DIR).
-        admin = {"controller": {"url": self.controller_url}, "auth": self.auth()}
+        admin = {"controller": self._controller_keys(), "auth": self.auth()}
         AdminConfig.model_validate(admin)
         (etc / "admin.toml").write_text(to_toml(admin))
         (self.dir / "gpu").mkdir(exist_ok=True)
@@ -267,10 +284,12 @@ class Services:
         if pid is not None:
             procs.stop([pid])
 
-    def start_controller(self, timeout: float = 30.0, env: dict[str, str] | None = None) -> int:
-        """Start the controller (``env`` adds variables) and wait until it answers."""
+    def start_controller(
+        self, timeout: float = 30.0, env: dict[str, str] | None = None, name: str = "controller"
+    ) -> int:
+        """Start controller ``name`` (``env`` adds variables) and wait until it answers."""
         pid = self._start(
-            "controller",
+            name,
             [
                 sys.executable,
                 "-m",
@@ -278,21 +297,21 @@ class Services:
                 "controller",
                 "run",
                 "--config",
-                str(self.dir / "etc" / "controller.toml"),
+                str(self.dir / "etc" / f"{name}.toml"),
             ],
             env,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not procs.alive(pid):
-                raise LocalClusterError(f"the controller exited; see {self.dir}/log/controller.log")
+                raise LocalClusterError(f"the {name} exited; see {self.dir}/log/{name}.log")
             try:
-                with urllib.request.urlopen(f"{self.controller_url}/v1/healthz", timeout=2):
+                with urllib.request.urlopen(f"{self.url_of(name)}/v1/healthz", timeout=2):
                     return pid
             except OSError:
                 time.sleep(0.2)
         raise LocalClusterError(
-            f"the controller did not answer within {timeout:g} s; see {self.dir}/log/controller.log"
+            f"the {name} did not answer within {timeout:g} s; see {self.dir}/log/{name}.log"
         )
 
     def start_agent(self, node: str) -> int:
@@ -313,14 +332,19 @@ class Services:
         self.write_configs()
         for node in self.cluster.shape.all_names:
             self.make_node_hardware(node)
-        self.start_controller()
+        if self.cluster.shape.ha:
+            ha.start_database(self.cluster.shape)
+        for name in self.controllers:
+            self.start_controller(name=name)
         for node in self.cluster.shape.all_names:
             self.start_agent(node)
 
     def down(self) -> None:
         for node in self.cluster.shape.all_names:
             self.stop(f"agent-{node}")
-        self.stop("controller")
+        for name in self.controllers:
+            self.stop(name)
+        ha.stop_database(self.cluster.shape)
         for node in self.cluster.shape.all_names:
             self.remove_node_hardware(node)
 

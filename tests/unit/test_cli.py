@@ -39,6 +39,13 @@ def test_usage_errors_are_one_line_with_exit_2() -> None:
     assert len(lines) == 1 and "--nodes" in lines[0] and lines[0].endswith("(see --help)")
 
 
+def test_local_cluster_ha_needs_the_services() -> None:
+    res = run("local-cluster", "up", "--ha", "--dir", "/nonexistent/hyperpod-ha")
+    assert res.returncode == 2
+    [line] = res.stderr.strip().splitlines()
+    assert "--ha" in line and "--with-services" in line
+
+
 def test_unknown_command_is_one_line() -> None:
     res = run("frobnicate")
     assert res.returncode == 2

@@ -77,3 +77,35 @@ def test_a_taken_port_fails_with_the_servers_reason_and_leaves_no_directory() ->
 def test_missing_binaries_say_how_to_get_them(tmp_path: Path) -> None:
     with pytest.raises(PostgresError, match=r"initdb: not installed; scripts/setup.sh installs"):
         start_postgres(free_port(), bin_dir=tmp_path)
+
+
+def test_the_local_clusters_database_outlives_its_starter_and_restarts_with_its_data() -> None:
+    from hyperpod_agent.localcluster import ha
+    from hyperpod_agent.localcluster.render import Shape
+
+    parent = Path(tempfile.mkdtemp(prefix="hyperpod-ha-test-"))
+    parent.chmod(0o755)  # as the local cluster's directory: the server's user passes
+    (parent / "etc").mkdir()
+    (parent / "run").mkdir()
+    shape = Shape(parent, nodes=1, spares=0, port_base=free_port() - 4, ha=True)
+    try:
+        pid = ha.start_database(shape)
+        assert ha.database_pid(shape) == pid
+        assert ha.password_file(shape).stat().st_mode & 0o777 == 0o600
+        password = ha.password_file(shape).read_text().strip()
+        url = ha.database_url(shape)
+        with psycopg.connect(url, password=password, autocommit=True) as conn:
+            conn.execute("CREATE TABLE kept (x int)")
+            conn.execute("INSERT INTO kept VALUES (7)")
+        ha.stop_database(shape, remove=False)
+        assert ha.database_pid(shape) is None and not psutil.pid_exists(pid)
+        ha.start_database(shape, fresh=False)
+        with psycopg.connect(url, password=password) as conn:
+            assert conn.execute("SELECT x FROM kept").fetchone() == (7,)
+        ha.stop_database(shape)
+        assert not (parent / "pg").exists() and not ha.password_file(shape).exists()
+        with pytest.raises(PostgresError, match="no database directory"):
+            ha.start_database(shape, fresh=False)
+    finally:
+        ha.stop_database(shape)
+        shutil.rmtree(parent, ignore_errors=True)

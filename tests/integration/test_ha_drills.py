@@ -1,0 +1,217 @@
+"""Controller failover drills on a local cluster started with ``--with-services --ha``:
+real Slurm, a real PostgreSQL holding the shared store, two controller processes.
+
+The leader is killed with SIGKILL (or exits abruptly at a chosen point of an action,
+which is the same to everyone else: the lease is not given back), or cut off from the
+database by stopping the database. The other controller must take over, finish what
+the dead one started exactly once, and never act while it cannot reach the store.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drill_helpers import Drill, wait_for
+
+from hyperpod_agent.controller.actions import CRASH_AT_ENV
+from hyperpod_agent.localcluster import drill, ha, procs
+from hyperpod_agent.localcluster.cluster import LocalCluster
+
+pytestmark = pytest.mark.slurm
+
+HA_DIR = Path("/var/tmp/hyperpod-ha")
+HA_PORT_BASE = 18217
+# Longer than any lease the local cluster hands out (ha.LEASE_TTL_S), plus a pass.
+TAKEOVER_S = 20.0
+
+
+@pytest.fixture(scope="module")
+def ha_cluster() -> Iterator[LocalCluster]:
+    cluster = LocalCluster(HA_DIR, nodes=2, spares=2, port_base=HA_PORT_BASE, ha=True)
+    try:
+        cluster.up(timeout=60, services=True)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture
+def d(ha_cluster: LocalCluster) -> Iterator[Drill]:
+    """The cluster as every drill starts: database up, both controllers running, no
+    jobs, nodes in service, spares in the pool."""
+    services = ha_cluster.services
+    if ha.database_pid(ha_cluster.shape) is None:
+        ha.start_database(ha_cluster.shape, fresh=False)
+    for name in services.controllers:
+        services.start_controller(name=name)
+    drill.reset_cluster(ha_cluster)
+    yield Drill(ha_cluster)
+    if ha.database_pid(ha_cluster.shape) is None:
+        ha.start_database(ha_cluster.shape, fresh=False)
+    for name in services.controllers:
+        services.start_controller(name=name)
+
+
+# ---------------------------------------------------------------------- reading
+def gauge(d: Drill, name: str) -> float | None:
+    """``hyperpod_controller_leader`` of controller ``name`` (served without the
+    database); None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{d.services.url_of(name)}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^hyperpod_controller_leader (\S+)$", text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def leaders(d: Drill) -> list[str]:
+    return [c for c in d.services.controllers if gauge(d, c) == 1.0]
+
+
+def the_leader(d: Drill) -> str:
+    wait_for("exactly one controller leading", lambda: len(leaders(d)) == 1, TAKEOVER_S)
+    return leaders(d)[0]
+
+
+def other(d: Drill, name: str) -> str:
+    return next(c for c in d.services.controllers if c != name)
+
+
+def seconds(value: str | None) -> float:
+    return datetime.fromisoformat(value).timestamp() if value else 0.0
+
+
+def takeovers(events: list[dict[str, Any]]) -> list[str]:
+    """Who took the lead, in order, by the event log."""
+    return [e["message"].split()[0] for e in events if e["kind"] == "leader"]
+
+
+def arm(d: Drill, point: str) -> str:
+    """Make the leader one that exits abruptly at ``point`` (actions.py's test hook);
+    returns its name. The standby is restarted armed, then the leader stops cleanly
+    (handing the lease over at once) and comes back as the unarmed standby."""
+    services = d.services
+    leader = the_leader(d)
+    armed = other(d, leader)
+    services.stop(armed)
+    services.start_controller(name=armed, env={CRASH_AT_ENV: point})
+    services.stop(leader)
+    wait_for(f"{armed} to lead", lambda: leaders(d) == [armed], TAKEOVER_S)
+    services.start_controller(name=leader)
+    return armed
+
+
+def running_with_steps(d: Drill, job_id: int, out: Path, steps: int) -> list[str]:
+    drill.wait_for(
+        f"job {job_id} to reach step {steps}",
+        90,
+        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= steps,
+    )
+    return list(drill.job_of(d.cluster, job_id).nodes)
+
+
+# ---------------------------------------------------------------------- drills
+def test_leader_killed_the_standby_leads_and_no_report_or_event_is_lost(d: Drill) -> None:
+    first = the_leader(d)
+    second = other(d, first)
+    before = {e["id"]: e for e in d.events()}
+    pid = d.services.pid(first)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    wait_for(f"{second} to lead", lambda: leaders(d) == [second], TAKEOVER_S)
+
+    def reported_since_kill() -> bool:
+        view = d.controller_nodes()
+        return len(view) == len(d.all_nodes) and all(
+            max(seconds(n["last_report_at"]), seconds(n["last_heartbeat_at"])) > killed_at
+            for n in view.values()
+        )
+
+    # The agents' next reports land: the admin CLI reads them through the new leader.
+    wait_for("every agent to report after the kill", reported_since_kill, 30, 0.5)
+    after = {e["id"]: e for e in d.events()}
+    assert before.items() <= after.items()
+    assert takeovers(list(after.values()))[-1] == second
+    d.services.start_controller(name=first)  # the killed one comes back as a standby
+    assert the_leader(d) == second
+
+
+@pytest.mark.parametrize(
+    "point",
+    [
+        "intent:requeue",  # the node drained and swapped, the requeue not yet done
+        "applied:replace",  # the spare resumed in Slurm, not yet recorded
+    ],
+)
+def test_leader_dies_mid_recovery_the_standby_finishes_it_exactly_once(
+    d: Drill, point: str
+) -> None:
+    armed = arm(d, point)
+    survivor = other(d, armed)
+    first_event = d.last_event_id()
+    job_id, out = drill.submit_training(d.cluster, steps=24, step_time=0.4, ckpt_every=5)
+    victim = sorted(running_with_steps(d, job_id, out, 6))[-1]
+    pid = d.services.pid(armed)
+    assert pid is not None
+    d.inject_xid(victim, 79)
+    wait_for(f"{armed} to exit at {point}", lambda: not procs.alive(pid), 30)
+    wait_for(f"{survivor} to lead", lambda: leaders(d) == [survivor], TAKEOVER_S)
+
+    done = drill.wait_job_end(d.cluster, job_id, timeout=180)
+    assert done.state == "COMPLETED" and done.restart_count == 1
+    story = [e for e in d.events() if e["id"] > first_event]
+    kinds = [e["kind"] for e in story if e.get("job_id") == job_id]
+    assert kinds.count("requeue") == 1, story
+    # The spare was swapped in exactly once: one of the two left the pool.
+    states = d.states()
+    in_service = [s for s in d.spares if not states[s].drained]
+    assert len(in_service) == 1, d.describe()
+    assert states[victim].drained and states[victim].reason.startswith("hyperpod:replace")
+    for kind in ("replace_started", "replace"):  # the swap begun, the swap done
+        assert [e["node"] for e in story if e["kind"] == kind] == [victim], story
+    # The log tells who did what: the swap was recorded by the dead leader when it
+    # died before the requeue, by the survivor when it died before recording it.
+    assert takeovers(story) == [survivor]
+    taken = next(e["id"] for e in story if e["kind"] == "leader")
+    started = next(e["id"] for e in story if e["kind"] == "replace_started")
+    assert (started < taken) == (point == "intent:requeue"), story
+    d.services.start_controller(name=armed)
+
+
+def test_leader_cut_off_from_the_database_stops_acting_until_it_is_back(d: Drill) -> None:
+    shape = d.cluster.shape
+    the_leader(d)
+    victim = d.nodes[0]
+    log = d.cluster.dir / "log" / "slurmctld.log"
+    log_start = log.stat().st_size
+    ha.stop_database(shape, remove=False)
+    wait_for("no controller leading", lambda: leaders(d) == [], ha.LEASE_TTL_S + 5)
+    d.inject_xid(victim, 79)
+    # Nothing touches Slurm while no controller reaches the store (bounded look).
+    deadline = time.monotonic() + 2 * ha.LEASE_TTL_S
+    while time.monotonic() < deadline:
+        assert not drill.out_of_service(d.slurm, victim), d.describe()
+        time.sleep(0.3)
+    ha.start_database(shape, fresh=False)
+    the_leader(d)
+    wait_for(f"{victim} out of service", lambda: drill.out_of_service(d.slurm, victim), 60)
+    # From Slurm's side: the victim was taken out once (a reboot, or a drain), by one
+    # controller.
+    text = log.read_bytes()[log_start:].decode(errors="replace")
+    taken_out = [
+        ln
+        for ln in text.splitlines()
+        if f"node {victim} reason set to" in ln or f"reboot request queued for nodes {victim}" in ln
+    ]
+    assert len(taken_out) == 1, taken_out
