@@ -125,6 +125,15 @@ class StepLog(CheckLog):
         rows = self._query(f"SELECT {StepRetry.COLUMNS} FROM step_retries WHERE id=?", (retry_id,))
         return StepRetry.from_row(rows[0]) if rows else None
 
+    def find_step_retry(self, job_id: int, step_id: str, attempt: int) -> StepRetry | None:
+        """The surgery started for this failed attempt of the step, if any."""
+        rows = self._query(
+            f"SELECT {StepRetry.COLUMNS} FROM step_retries WHERE job_id=? AND step_id=? "
+            "AND attempt=?",
+            (job_id, step_id, attempt),
+        )
+        return StepRetry.from_row(rows[0]) if rows else None
+
     def open_step_retries(self) -> list[StepRetry]:
         marks = ",".join("?" * len(OPEN_PHASES))
         rows = self._query(
