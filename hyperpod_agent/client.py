@@ -272,6 +272,33 @@ class ControllerClient:
         """``GET /v1/checks``: recent deep-check runs."""
         return self.request("GET", "/v1/checks")
 
+    def step_retry(
+        self,
+        job_id: int,
+        step_id: str,
+        exit_code: int,
+        nodelist: str,
+        attempt: int,
+        auto_resume: int,
+        cancelled: bool = False,
+    ) -> Any:
+        """``POST /v1/steps/retry``: a failed ``--auto-resume`` step asks what to do;
+        RETRYSTEP comes with a surgery id to poll with :meth:`step_retry_state`."""
+        body = {
+            "job_id": job_id,
+            "step_id": step_id,
+            "exit_code": exit_code,
+            "nodelist": nodelist,
+            "attempt": attempt,
+            "auto_resume": auto_resume,
+            "cancelled": cancelled,
+        }
+        return self.request("POST", "/v1/steps/retry", body)
+
+    def step_retry_state(self, retry_id: int) -> Any:
+        """``GET /v1/steps/retry/{id}``: the surgery's phase; the new node list once done."""
+        return self.request("GET", f"/v1/steps/retry/{int(retry_id)}")
+
     def report(self, report: dict[str, Any]) -> Any:
         """``POST /v1/reports`` with a NodeReport in its JSON form."""
         return self.request("POST", "/v1/reports", report)

@@ -42,6 +42,7 @@ from hyperpod_agent.controller.api_models import (
     Status,
 )
 from hyperpod_agent.controller.api_rejections import Rejections, caller
+from hyperpod_agent.controller.api_steps import add_step_routes
 from hyperpod_agent.controller.ingest import Heartbeat, Rejected
 from hyperpod_agent.controller.providers.base import ProviderError
 from hyperpod_agent.controller.reasons import Verb, format_reason
@@ -321,6 +322,7 @@ def create_app(
         return _submit(controller, name, body, identity, fence)
 
     add_check_routes(app, controller, _identity, ERRORS)
+    add_step_routes(app, controller, _identity, ERRORS)
 
     @app.get("/metrics", include_in_schema=False)
     def prom() -> Response:

@@ -8,6 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hyperpod_agent.errors import SlurmParseError
+from hyperpod_agent.slurm.hostlist import expand_hostlist
+
 NODE_PATTERN = r"^[A-Za-z0-9._-]+$"
 NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -249,3 +252,49 @@ class CheckRunOut(BaseModel):
     updated_at: datetime | None
     error: str
     outcomes: list[CheckOutcomeOut] = Field(default_factory=list)
+
+
+class StepFailureIn(BaseModel):
+    """``POST /v1/steps/retry``: srun reports a failed ``--auto-resume`` step."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int = Field(ge=1, le=2**63 - 1)
+    step_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._-]+$")
+    exit_code: int = Field(ge=0, le=255)
+    nodelist: str = Field(
+        min_length=1, max_length=65536, description="the step's nodes (SLURM_STEP_NODELIST)"
+    )
+    attempt: int = Field(ge=1, le=1000, description="the attempt that failed; 1 = first launch")
+    auto_resume: int = Field(ge=0, le=1000, description="--auto-resume=N (0: not given)")
+    cancelled: bool = False
+
+    @field_validator("nodelist")
+    @classmethod
+    def _hostlist(cls, value: str) -> str:
+        try:
+            names = expand_hostlist(value)
+        except SlurmParseError as exc:
+            raise ValueError(f"not a Slurm node list: {value[:60]!r}") from exc
+        if not names or any(not NODE_NAME.match(n) for n in names):
+            raise ValueError(f"not a Slurm node list: {value[:60]!r}")
+        return value
+
+
+class StepRetryOut(BaseModel):
+    """The answer to a failed step; for RETRYSTEP, the surgery's state. ``done`` says the
+    answer is final: RETRYSTEP with the new node list, or REQUEUE after a rollback."""
+
+    id: int | None  # the surgery's id (RETRYSTEP), None for an answer without one
+    job_id: int
+    step_id: str
+    decision: Literal["RETRYSTEP", "REQUEUE", "FAIL"]
+    cause: str
+    phase: str | None
+    done: bool
+    attempt: int  # the attempt the relaunch will be
+    nodelist: str = ""  # SLURM_JOB_NODELIST once done
+    nnodes: int | None = None  # SLURM_NNODES once done
+    rdzv_host: str = ""  # HYPERPOD_RDZV_HOST: the first node of the new list
+    created_at: datetime | None = None
+    updated_at: datetime | None = None

@@ -14,9 +14,12 @@ from hyperpod_agent.controller.api_models import (
     EventOut,
     FaultOut,
     FindingOut,
+    StepRetryOut,
 )
 from hyperpod_agent.controller.store_checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store_rows import ActionRow, EventRow, FaultRow, FindingRow
+from hyperpod_agent.controller.store_steps import StepRetry
+from hyperpod_agent.slurm.hostlist import compress_hostlist, expand_hostlist
 
 
 def at(value: float) -> datetime:
@@ -136,4 +139,26 @@ def run_view(run: CheckRun, outcomes: list[NodeOutcome]) -> CheckRunOut:
         updated_at=ts(run.updated_at),
         error=run.error,
         outcomes=[outcome_view(o) for o in outcomes],
+    )
+
+
+def step_retry_view(run: StepRetry) -> StepRetryOut:
+    """A surgery as the failed step's helper polls it: RETRYSTEP until it failed."""
+    done = run.phase in ("done", "failed")
+    nodes = list(run.new_nodes) if run.phase == "done" else []
+    nodelist = compress_hostlist(nodes) if nodes else ""
+    return StepRetryOut(
+        id=run.id,
+        job_id=run.job_id,
+        step_id=run.step_id,
+        decision="REQUEUE" if run.phase in ("rollback", "failed") else "RETRYSTEP",
+        cause=run.cause,
+        phase=run.phase,
+        done=done,
+        attempt=run.attempt + 1,
+        nodelist=nodelist,
+        nnodes=len(nodes) if nodes else None,
+        rdzv_host=expand_hostlist(nodelist)[0] if nodes else "",  # Slurm's first
+        created_at=at(run.created_at),
+        updated_at=at(run.updated_at),
     )

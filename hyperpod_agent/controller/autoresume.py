@@ -214,6 +214,7 @@ def plan(
     actions: list[PlannedAction] = []
     events: list[PlannedEvent] = []
     busy = {a.job_id for a in snap.in_flight if a.job_id is not None}
+    busy |= set(snap.step_retries)  # its step is being retried in place: no requeue meanwhile
     budget_left = ar.max_requeues_per_minute - snap.requeues_last_minute
     capped: list[int] = []
     for job in sorted(snap.jobs, key=lambda j: j.job_id):

@@ -90,6 +90,13 @@ class AutoResumeConfig(BaseModel):
     backoff_max_s: float = Field(default=600.0, ge=0)
     max_requeues_per_minute: int = Field(default=20, ge=1)
     fault_window_s: float = Field(default=600.0, gt=0)
+    step_retry_wait_s: int = Field(
+        default=30,
+        ge=1,
+        le=300,
+        description="step retry: how long the helper allocation may wait for the spare "
+        "(salloc --immediate) before the retry falls back to a requeue",
+    )
     checkpoint_root: Path | None = Field(
         default=None,
         description="jobs' checkpoint dirs are <root>/<jobid> (the SPANK plugin's "

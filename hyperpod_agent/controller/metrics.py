@@ -87,3 +87,22 @@ DEEP_CHECK_SECONDS = Histogram(
 DEEP_CHECKS_RUNNING = Gauge(
     "hyperpod_deep_checks_running", "Deep-check runs under way", registry=REGISTRY
 )
+STEP_RETRIES = Counter(
+    "hyperpod_step_retry_decisions_total",
+    "Answers to failed auto-resume steps, by outcome (RETRYSTEP, REQUEUE, FAIL)",
+    ["outcome"],
+    registry=REGISTRY,
+)
+STEP_RETRY_PHASE_SECONDS = Histogram(
+    "hyperpod_step_retry_phase_seconds",
+    "Duration of each Slurm step of a step-retry surgery (drain, shrink, expand, absorb)",
+    ["phase"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+    registry=REGISTRY,
+)
+STEP_RETRY_SECONDS = Histogram(
+    "hyperpod_step_retry_seconds",
+    "From a step's retry request to its surgery done (the new node list ready)",
+    buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+    registry=REGISTRY,
+)

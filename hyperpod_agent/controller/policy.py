@@ -89,6 +89,8 @@ class _Ctx:
     def __init__(self, snap: Snapshot, config: ControllerConfig, now: float) -> None:
         self.snap, self.config, self.policy, self.now = snap, config, config.policy, now
         self.busy = {a.node for a in snap.in_flight if a.node is not None} | set(snap.checking)
+        # a step retry's nodes are the surgery's until it is done or rolled back
+        self.busy |= {n for pair in snap.step_retries.values() for n in pair}
         self.faults: dict[str, list[FaultRow]] = defaultdict(list)
         for f in snap.open_faults:
             self.faults[f.node].append(f)

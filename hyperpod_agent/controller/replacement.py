@@ -75,6 +75,7 @@ class SparePool:
         self._all = snap.nodes
         # Spares promised to replacements still under way are not free either.
         taken = {str(a.params["spare"]) for a in snap.in_flight if a.params.get("spare")}
+        taken |= {spare for _, spare in snap.step_retries.values()}  # going into a job
         self._free = sorted(
             (
                 n

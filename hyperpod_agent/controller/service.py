@@ -35,6 +35,7 @@ from hyperpod_agent.controller.providers.base import Provider, ProviderError, Sl
 from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Decision, Kind, NodeHealth, PlannedAction, Snapshot
+from hyperpod_agent.controller.stepretry_run import StepRetryRunner
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_lease import Lease, LeaseLost
 from hyperpod_agent.controller.store_rows import NodeRow, TrackedJob
@@ -91,6 +92,11 @@ class Controller(Ingest):
         self.checks = CheckRunner(
             store, slurm, config.deep_checks, (config.slurm_user,), self._escalate
         )
+        self.steps = StepRetryRunner(store, slurm, config)
+        # Held from the snapshot to the executor's last action of a pass, and while a
+        # step retry is decided and recorded: the policy never plans against a view
+        # that misses a surgery, nor a surgery against a pass's half-applied plan.
+        self.plan_lock = threading.Lock()
         for name, row in store.node_rows().items():
             if row.hb_agent_id is not None and row.hb_seq is not None:
                 self._beats[name] = Heartbeat(
@@ -116,6 +122,7 @@ class Controller(Ingest):
         self.config = new
         self.executor.config = new
         self.checks.deep = new.deep_checks
+        self.steps.config = new
         log.info("config reloaded from %s", self.config_path)
 
     def snapshot(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> Snapshot:
@@ -160,6 +167,7 @@ class Controller(Ingest):
                 else {}
             ),
             checking=frozenset(n for r in self.store.open_check_runs() for n in r.nodes),
+            step_retries={r.job_id: (r.bad_node, r.spare) for r in self.store.open_step_retries()},
         )
 
     def replacement_params(self, node: str) -> dict[str, Any]:
@@ -274,6 +282,9 @@ class Controller(Ingest):
             return None
         changed = self.executor.process_open(nodes, jobs, now)
         changed += self.checks.advance(nodes, jobs, now)
+        if self.steps.advance(now):
+            changed += 1
+            self.wake.set()  # a rolled-back surgery's requeue intent: the next pass applies it
         if changed:
             try:  # decide on what Slurm looks like now, not before those actions
                 nodes = {n.name: n for n in self.slurm.list_nodes()}
@@ -282,15 +293,17 @@ class Controller(Ingest):
                 log.error("re-reading Slurm failed (retrying next pass): %s", exc)
                 metrics.PASSES.labels("slurm_error").inc()
                 return None
-        snap = self.snapshot(nodes, jobs, now)
-        self.watch.settle(jobs, now)
-        self._track_jobs(snap, now)
-        root = self.config.auto_resume.checkpoint_root
-        if root is not None:
-            self.watch.read_markers(snap, root, self.config.auto_resume.default_attempts, now)
-        decision = decide(snap, self.config, now)
-        decision = self._dedupe(decision, now)
-        if self.executor.execute(decision, nodes, jobs, now):
+        with self.plan_lock:
+            snap = self.snapshot(nodes, jobs, now)
+            self.watch.settle(jobs, now)
+            self._track_jobs(snap, now)
+            root = self.config.auto_resume.checkpoint_root
+            if root is not None:
+                self.watch.read_markers(snap, root, self.config.auto_resume.default_attempts, now)
+            decision = decide(snap, self.config, now)
+            decision = self._dedupe(decision, now)
+            acted = self.executor.execute(decision, nodes, jobs, now)
+        if acted:
             nodes, jobs = self._reread(nodes, jobs)  # so the API shows what we just did
         if any(a.kind is Kind.CHECK for a in decision.actions):
             # start the runs just planned now, not a pass later

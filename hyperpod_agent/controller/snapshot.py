@@ -67,6 +67,9 @@ class Snapshot:
     # Deep checks: each node's newest outcome, and the nodes a run is under way on.
     check_outcomes: Mapping[str, NodeOutcome] = field(default_factory=dict)
     checking: frozenset[str] = frozenset()
+    # Step retries under way: job id -> (the node taken out, the spare going in). The
+    # policy leaves these jobs and nodes to the surgery (stepretry_run.py).
+    step_retries: Mapping[int, tuple[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,14 @@ with jobs and events (store_log.py), and here the nodes' reports and faults."""
 
 from __future__ import annotations
 
-from hyperpod_agent.controller.store_checks import CheckLog
 from hyperpod_agent.controller.store_rows import FaultIn, FaultRow, NodeRow
 from hyperpod_agent.controller.store_schema import MIGRATIONS
+from hyperpod_agent.controller.store_steps import StepLog
 
 __all__ = ["MIGRATIONS", "Store"]
 
 
-class Store(CheckLog):
+class Store(StepLog):
     """All controller state. Thread-safe."""
 
     def node_row(self, name: str) -> NodeRow | None:

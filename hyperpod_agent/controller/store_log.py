@@ -204,6 +204,10 @@ class ActionLog(LeaseLog):
                 "DELETE FROM deep_checks WHERE phase='done' AND updated_at<?", (before,)
             ).rowcount
             removed += db.execute("DELETE FROM deep_check_results WHERE at<?", (before,)).rowcount
+            removed += db.execute(
+                "DELETE FROM step_retries WHERE phase IN ('done','failed') AND updated_at<?",
+                (before,),
+            ).rowcount
         return removed
 
     # -- events ---------------------------------------------------------------------

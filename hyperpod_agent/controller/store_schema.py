@@ -80,4 +80,19 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE leases ADD COLUMN since REAL NOT NULL DEFAULT 0;
     """,
+    # 8: step retries inside the allocation: one row per surgery; its phase is the
+    # intent log of the Slurm steps (drain, shrink, expand, absorb). One row per failed
+    # attempt of a step, so a repeated request never counts a retry twice.
+    """
+    CREATE TABLE step_retries (
+        id INTEGER PRIMARY KEY, job_id INTEGER NOT NULL, step_id TEXT NOT NULL,
+        attempt INTEGER NOT NULL, budget INTEGER NOT NULL, phase TEXT NOT NULL,
+        bad_node TEXT NOT NULL, spare TEXT NOT NULL, reason TEXT NOT NULL,
+        keep TEXT NOT NULL, helper_id INTEGER, new_nodes TEXT NOT NULL DEFAULT '[]',
+        outcome TEXT NOT NULL DEFAULT '', cause TEXT NOT NULL,
+        rollback_from TEXT NOT NULL DEFAULT '', requested_by TEXT NOT NULL,
+        created_at REAL NOT NULL, updated_at REAL NOT NULL);
+    CREATE INDEX step_retries_phase ON step_retries(phase);
+    CREATE UNIQUE INDEX step_retries_attempt ON step_retries(job_id, step_id, attempt);
+    """,
 ]

@@ -47,6 +47,7 @@ class Job:
     requeue: bool = False
     batch_host: str = ""
     user: str = ""
+    uid: int | None = None  # the owner's uid (a step may only speak for its own job)
     partition: str = ""
     start_time: datetime | None = None
     end_time: datetime | None = None

@@ -257,6 +257,7 @@ def _job_from_json(raw: Mapping[str, Any], argv: list[str], index: int) -> Job:
         requeue=f.flag("requeue"),
         batch_host=f.text("batch_host"),
         user=f.text("user_name"),
+        uid=f.int("user_id"),
         partition=f.text("partition"),
         # A pending job's times are estimates and a running job's end time is its time limit.
         start_time=f.time("start_time") if state != "PENDING" else None,

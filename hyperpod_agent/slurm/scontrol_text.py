@@ -142,6 +142,12 @@ def _user(value: str) -> str:
     return value.split("(", 1)[0].strip()
 
 
+def _uid(value: str) -> int | None:
+    """``root(0)`` -> 0; None without the number."""
+    _, _, rest = value.partition("(")
+    return number(rest.rstrip(")")) if rest.endswith(")") else None
+
+
 def _scontrol_exit(value: str) -> tuple[int | None, int]:
     code, _, sig = value.partition(":")
     return number(code), number(sig) or 0
@@ -182,6 +188,7 @@ def parse_scontrol_jobs(text: str, argv: Sequence[str] = SCONTROL_JOB_ARGV) -> l
                 requeue=kv.get("Requeue", "0") == "1",
                 batch_host="" if kv.get("BatchHost", "") in NULLS else kv["BatchHost"],
                 user=_user(kv.get("UserId", "")),
+                uid=_uid(kv.get("UserId", "")),
                 partition=kv.get("Partition", ""),
                 start_time=iso(kv.get("StartTime", "")) if state != "PENDING" else None,
                 end_time=iso(kv.get("EndTime", "")) if finished else None,

@@ -57,6 +57,13 @@ class SlurmApi(Protocol):
 
     def delete_reservation(self, name: str) -> bool: ...
 
+    # step retries: shrink a running job and merge a spare into it (slurm/resize.py)
+    def shrink_job(self, job_id: int, keep: Sequence[str]) -> None: ...
+
+    def allocate_expansion(self, job_id: int, node: str, wait_s: int) -> int: ...
+
+    def absorb_expansion(self, job_id: int, helper_id: int) -> None: ...
+
     def submit_batch(
         self,
         script: Path,

@@ -138,3 +138,27 @@ def test_url_with_a_prefix(stub: Stub) -> None:
     c = ControllerClient(stub.url + "/hp", auth)
     with pytest.raises(ControllerError, match="no route /hp/v1/status"):
         c.status()
+
+
+def test_step_retry_asks_the_first_controller_that_answers(stub: Stub) -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    auth = ClientAuth(AuthConfig(mode="token", token_secret_file=stub.secret), "node1")
+    c = ControllerClient([dead, stub.url], auth, 5.0)
+    stub.answer("POST", "/v1/steps/retry", 202, {"id": 4, "decision": "RETRYSTEP"})
+    stub.answer("GET", "/v1/steps/retry/4", 200, {"id": 4, "done": True})
+    assert c.step_retry(12, "0", 1, "node[1-3]", 1, 3) == {"id": 4, "decision": "RETRYSTEP"}
+    assert c.step_retry_state(4) == {"id": 4, "done": True}
+    assert c.url == stub.url
+    assert stub.seen[0].body == {
+        "job_id": 12,
+        "step_id": "0",
+        "exit_code": 1,
+        "nodelist": "node[1-3]",
+        "attempt": 1,
+        "auto_resume": 3,
+        "cancelled": False,
+    }

@@ -192,6 +192,9 @@ class FakeSlurm:
         self.calls.append(("cancel", job_id))
         self._maybe_fail("cancel")
         j = self.jobs[job_id]
+        for name in j.nodes:
+            if not any(o.job_id != job_id and name in o.nodes for o in self.jobs.values()):
+                self._free(name)
         self.jobs[job_id] = replace(j, state="CANCELLED")
 
     def node(self, name: str) -> Node:
@@ -242,6 +245,54 @@ class FakeSlurm:
         job_id = max(self.jobs, default=0) + 1
         self.jobs[job_id] = Job(job_id=job_id, name=job_name, state="RUNNING", nodes=tuple(nodes))
         return job_id
+
+    # -- shrinking and expanding a running job (step retries), as Slurm 22.05 does --
+    def shrink_job(self, job_id: int, keep: Sequence[str]) -> None:
+        """Releases the job's other nodes (they go idle)."""
+        self.calls.append(("shrink", job_id, tuple(keep)))
+        self._maybe_fail("shrink")
+        j = self.jobs[job_id]
+        if j.state != "RUNNING" or not keep or not set(keep) <= set(j.nodes):
+            raise SlurmError(
+                ["scontrol", "update"], 1, "Requested node configuration is not available"
+            )
+        for name in set(j.nodes) - set(keep):
+            self._free(name)
+        self.jobs[job_id] = replace(j, nodes=tuple(n for n in j.nodes if n in keep))
+
+    def _free(self, name: str) -> None:
+        n = self.nodes[name]
+        if n.state in ("ALLOCATED", "MIXED"):
+            self.nodes[name] = replace(n, state="IDLE")
+
+    def allocate_expansion(self, job_id: int, node: str, wait_s: int) -> int:
+        """A helper allocation named ``hyperpod-expand-J``: PENDING, then RUNNING on
+        ``node`` when it is free; revoked (gone from the queue) when it is not."""
+        self.calls.append(("expand", job_id, node))
+        helper = max(self.jobs, default=0) + 1
+        name = f"hyperpod-expand-{job_id}"
+        self.jobs[helper] = Job(job_id=helper, name=name, state="PENDING")
+        if self.fail_next.get("expand", 0) > 0:
+            self.fail_next["expand"] -= 1
+            self.jobs[helper] = replace(self.jobs[helper], state="CANCELLED")
+            raise SlurmError(["salloc"], 1, "salloc: error: Unable to allocate resources")
+        n = self.nodes[node]
+        if n.drained or n.state != "IDLE":
+            self.jobs[helper] = replace(self.jobs[helper], state="CANCELLED")
+            raise SlurmError(["salloc"], 1, f"no expansion on {node} for job {job_id}")
+        self.nodes[node] = replace(n, state="ALLOCATED")
+        self.jobs[helper] = replace(self.jobs[helper], state="RUNNING", nodes=(node,))
+        return helper
+
+    def absorb_expansion(self, job_id: int, helper_id: int) -> None:
+        """The helper's nodes move into the job; the helper keeps running without nodes."""
+        self.calls.append(("absorb", job_id, helper_id))
+        self._maybe_fail("absorb")
+        j, h = self.jobs[job_id], self.jobs[helper_id]
+        if h.state != "RUNNING" or j.state != "RUNNING":
+            raise SlurmError(["scontrol", "update"], 1, "Job/step already completing or completed")
+        self.jobs[job_id] = replace(j, nodes=j.nodes + h.nodes)
+        self.jobs[helper_id] = replace(h, nodes=())
 
     def names(self, kind: str) -> list[object]:
         return [c[1] for c in self.calls if c[0] == kind]

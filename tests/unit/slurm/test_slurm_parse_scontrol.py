@@ -127,3 +127,15 @@ def test_unexpected_records(parser: Callable[[str], object], text: str, why: str
 def test_line_without_pairs() -> None:
     with pytest.raises(SlurmParseError, match="no key=value pairs"):
         parse_kv_line("just words")
+
+
+def test_captured_job_owner_and_required_nodes(capture: Capture, utc: None) -> None:
+    jobs = {j.job_id: j for j in parse_scontrol_jobs(capture("scontrol_jobs_b.txt"))}
+    assert (jobs[3].user, jobs[3].uid) == ("root", 0)
+    assert jobs[3].extra["required_nodes"] == "node[1-2]"
+    assert "required_nodes" not in jobs[1].extra
+
+
+def test_an_owner_without_a_uid_has_none() -> None:
+    (job,) = parse_scontrol_jobs("JobId=3 JobState=RUNNING UserId=alice")
+    assert (job.user, job.uid) == ("alice", None)

@@ -158,3 +158,12 @@ def test_unexpected_documents(text: str, why: str) -> None:
 )
 def test_parse_auto_resume(comment: str, value: int | None) -> None:
     assert parse_auto_resume(comment) == value
+
+
+def test_owner_uid_and_the_nodes_asked_for_by_name(capture: Capture) -> None:
+    """What a step retry needs: who owns the job (a caller may only speak for its own
+    job) and whether it named its nodes (``-w``: no spare may stand in)."""
+    jobs = _jobs(capture("squeue_a.json"))
+    assert (jobs[3].user, jobs[3].uid) == ("root", 0)
+    assert jobs[3].extra["required_nodes"] == "node[1-2]"
+    assert "required_nodes" not in jobs[1].extra

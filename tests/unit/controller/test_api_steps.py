@@ -1,0 +1,163 @@
+"""``/v1/steps/retry``: the failed step asks, the controller answers and operates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_api import Api, error_of, report
+
+from hyperpod_agent.auth import AuthError, Identity
+from hyperpod_agent.controller.api_steps import may_ask
+from hyperpod_agent.slurm.models import Job
+
+JOB = Job(job_id=12, name="train", state="RUNNING", nodes=("node1", "node2", "node3"), uid=1000)
+FAILURE = {
+    "job_id": 12,
+    "step_id": "0",
+    "exit_code": 1,
+    "nodelist": "node[1-3]",
+    "attempt": 1,
+    "auto_resume": 3,
+}
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    a = Api(tmp_path)
+    for name in ("node1", "node2", "node3"):
+        a.slurm.nodes[name] = replace(a.slurm.nodes[name], state="ALLOCATED")
+    a.slurm.jobs[12] = JOB
+    # the spare vouched for by its agent, node2 with an urgent fault
+    assert a.post("/v1/reports", report("node5", faulty=False), who="node5").status_code == 200
+    yield a
+    a.client.close()
+
+
+def faulty(api: Api) -> None:
+    assert api.post("/v1/reports", report("node2"), who="node2").status_code == 200
+
+
+def ask(api: Api, body: dict[str, Any] | None = None, who: str = "node1") -> Any:
+    return api.post("/v1/steps/retry", body or FAILURE, who=who)
+
+
+def test_a_node_fault_gets_a_retry_on_the_spare(api: Api) -> None:
+    faulty(api)
+    resp = ask(api)
+    assert resp.status_code == 202, resp.text
+    out = resp.json()
+    assert (out["decision"], out["phase"], out["done"], out["attempt"]) == (
+        "RETRYSTEP",
+        "drain",
+        False,
+        2,
+    )
+    assert "gpu0 xid79 on node2: node5 stands in" in out["cause"]
+    assert api.controller.wake.is_set()
+    api.controller.reconcile_once()  # the leader's pass does the surgery
+    done = api.get(f"/v1/steps/retry/{out['id']}", who="node1").json()
+    assert (done["decision"], done["phase"], done["done"]) == ("RETRYSTEP", "done", True)
+    assert (done["nodelist"], done["nnodes"], done["rdzv_host"]) == ("node[1,3,5]", 3, "node1")
+    job = api.slurm.jobs[12]
+    assert (job.state, job.restart_count, job.nodes) == ("RUNNING", 0, ("node1", "node3", "node5"))
+    # the policy's pass after the surgery neither requeued the job nor touched node2
+    assert [c for c in api.slurm.calls if c[0] in ("requeue", "reboot")] == []
+
+
+def test_asking_again_for_the_same_attempt_gives_the_same_surgery(api: Api) -> None:
+    faulty(api)
+    first = ask(api).json()
+    again = ask(api)
+    assert again.status_code == 202 and again.json()["id"] == first["id"]
+    assert len(api.store.open_step_retries()) == 1
+
+
+def test_a_failure_on_healthy_nodes_is_the_applications(api: Api) -> None:
+    resp = ask(api)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert (out["decision"], out["id"], out["done"]) == ("FAIL", None, True)
+    assert "on healthy nodes node1,node2,node3" in out["cause"]
+    assert api.store.events(job_id=12)[-1].kind == "step_retry_fail"
+
+
+def test_a_job_that_named_its_nodes_falls_back_to_requeue(api: Api) -> None:
+    faulty(api)
+    api.slurm.jobs[12] = replace(JOB, extra={"required_nodes": "node[1-3]"})
+    out = ask(api).json()
+    assert (out["decision"], out["done"]) == ("REQUEUE", True)
+    assert "named its nodes" in out["cause"]
+    assert api.store.open_step_retries() == []
+    assert api.store.events(job_id=12)[-1].kind == "step_retry_requeue"
+
+
+def test_a_surgery_that_fails_answers_requeue_with_the_cause(api: Api) -> None:
+    faulty(api)
+    api.slurm.fail_next["expand"] = 1
+    out = ask(api).json()
+    api.controller.reconcile_once()
+    got = api.get(f"/v1/steps/retry/{out['id']}", who="node3").json()
+    assert (got["decision"], got["phase"], got["done"]) == ("REQUEUE", "failed", True)
+    assert "Unable to allocate resources" in got["cause"] and got["nodelist"] == ""
+
+
+def test_another_steps_surgery_under_way_is_busy(api: Api) -> None:
+    faulty(api)
+    assert ask(api).status_code == 202
+    resp = ask(api, {**FAILURE, "step_id": "1"})
+    assert resp.status_code == 409 and error_of(resp)["code"] == "busy"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({**FAILURE, "nodelist": "node[1-"}, "nodelist"),
+        ({**FAILURE, "nodelist": "../x"}, "nodelist"),
+        ({**FAILURE, "exit_code": 256}, "exit_code"),
+        ({**FAILURE, "attempt": 0}, "attempt"),
+        ({**FAILURE, "step_id": "0; rm"}, "step_id"),
+        ({**FAILURE, "job_id": "twelve"}, "job_id"),
+        ({**FAILURE, "surprise": 1}, "surprise"),
+        ({k: v for k, v in FAILURE.items() if k != "auto_resume"}, "auto_resume"),
+    ],
+)
+def test_malformed_requests_get_one_line(api: Api, body: dict[str, Any], field: str) -> None:
+    resp = ask(api, body)
+    err = error_of(resp)
+    assert (resp.status_code, err["code"]) == (422, "invalid"), err
+    assert err["message"].startswith(field) and "\n" not in err["message"]
+    assert api.store.open_step_retries() == []
+
+
+def test_an_unknown_job_or_surgery_is_404(api: Api) -> None:
+    resp = ask(api, {**FAILURE, "job_id": 99}, who="admin")
+    assert resp.status_code == 404 and "job 99 is not in Slurm's view" in error_of(resp)["message"]
+    resp = api.get("/v1/steps/retry/77")
+    assert resp.status_code == 404 and error_of(resp)["code"] == "not_found"
+
+
+def test_a_node_may_only_ask_about_a_job_on_it(api: Api) -> None:
+    faulty(api)
+    resp = ask(api, who="node4")
+    assert resp.status_code == 403 and "may only ask about its own job" in error_of(resp)["message"]
+    out = ask(api, who="admin").json()
+    assert api.get(f"/v1/steps/retry/{out['id']}", who="node4").status_code == 403
+
+
+def test_a_user_may_only_ask_about_their_own_job() -> None:
+    def who(uid: int, node: str | None = None, admin: bool = False) -> Identity:
+        return Identity(uid, uid, node, admin, "munge")
+
+    may_ask(who(1000), JOB)
+    may_ask(who(0, admin=True), JOB)
+    may_ask(who(0, node="node2"), JOB)
+    for caller in (who(1001), who(0, node="node4"), who(1000, node="node4")):
+        with pytest.raises(AuthError) as err:
+            may_ask(caller, JOB)
+        assert err.value.status == 403
+    with pytest.raises(AuthError):
+        may_ask(who(1000), replace(JOB, uid=None))  # an owner Slurm did not name
