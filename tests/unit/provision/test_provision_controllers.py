@@ -7,21 +7,24 @@ first tests pin those files byte for byte.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from provision_support import Healthz, base_params, problems
 
 from hyperpod_agent.admin.config import AdminConfig
 from hyperpod_agent.agent.config import AgentConfig
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.provision.apply import apply_plan
+from hyperpod_agent.provision.cli import provision
 from hyperpod_agent.provision.models import StepFailed, parse_parameters
 from hyperpod_agent.provision.plan import Options, Plan, build_plan
 from hyperpod_agent.provision.steps import File
@@ -29,6 +32,7 @@ from hyperpod_agent.provision.steps import File
 SRC = "params.json"
 HEADER = "# Written by `hyperpod provision` from provisioning_parameters.json; edits are replaced."
 STORE_URL = "postgresql://hyperpod@db.example:5432/hyperpod"
+WriteParams = Callable[[dict[str, Any]], Path]
 
 
 def single(**changes: Any) -> dict[str, Any]:
@@ -463,3 +467,53 @@ def test_verify_fails_when_no_controller_answers(prefix: Path, source: Path) -> 
     assert f"http://127.0.0.1:{port}/v1/healthz: " in text
     assert f"; http://127.0.0.2:{port}/v1/healthz: " in text
     assert text.endswith("(still failing after 0.2 s)")
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(provision, list(args))
+
+
+def test_cli_validate_and_plan_two_heads(write_params: WriteParams, prefix: Path) -> None:
+    path = write_params(two_heads())
+    result = invoke("validate", str(path))
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"{path}: valid: cluster test, controller 2, login 2,")
+    result = invoke("plan", str(path), "--node", "head2", "--prefix", str(prefix), "--skip-install")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "head2: controller (group controller)"
+    assert "  secret /etc/hyperpod/store.password" in lines
+    assert lines[-1] == (
+        "  verify: a controller answers http://head1:8787/v1/healthz or "
+        "http://head2:8787/v1/healthz"
+    )
+    assert not prefix.exists()
+
+
+def test_cli_two_heads_without_a_store(write_params: WriteParams, prefix: Path) -> None:
+    data = two_heads()
+    del data["controller_store"]
+    path = write_params(data)
+    result = invoke("apply", str(path), "--node", "head1", "--prefix", str(prefix))
+    assert result.exit_code == 3
+    assert result.output == (
+        f"hyperpod provision: error: {path}: controller.nodes: 2 controller nodes need "
+        "controller_store (a PostgreSQL database they share; SQLite cannot be shared)\n"
+    )
+    assert not prefix.exists()
+
+
+def test_docs_example_is_valid() -> None:
+    """The parameters in docs/controller.md "Provisioning a standby" validate."""
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "controller.md").read_text()
+    section = doc.split("**Provisioning a standby.**", 1)[1]
+    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    data = copy.deepcopy(base_params())
+    del data["controller_url"]
+    data.update(example)
+    params = parse_parameters(data, SRC)
+    assert len(params.controller.nodes) == len(params.urls()) == 2
+    assert params.controller_store is not None
