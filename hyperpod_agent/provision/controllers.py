@@ -18,8 +18,14 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from hyperpod_agent.controller.config import HaConfig
 from hyperpod_agent.controller.store_url import parse_store_url
 
-# hyperpod-controller.service has ProtectHome=yes: these are empty inside its sandbox.
-HIDDEN_FROM_UNIT = ("/home", "/root", "/run/user")
+# What hyperpod-controller.service hides from itself, and the setting that does.
+HIDDEN_FROM_UNIT = {
+    "/home": "ProtectHome=yes",
+    "/root": "ProtectHome=yes",
+    "/run/user": "ProtectHome=yes",
+    "/tmp": "PrivateTmp=yes",
+    "/var/tmp": "PrivateTmp=yes",
+}
 # controller.toml keys controller_store writes: controller_overrides must leave them alone.
 STORE_KEYS = ("store", "store_password_file", "ha")
 
@@ -62,7 +68,7 @@ class ControllerStore(BaseModel):
     password_file: str | None = Field(
         default=None,
         description="absolute path of the password on every controller node, mode 0600 or "
-        "0400; created by the site, checked by provisioning",
+        "0400; created by the site, checked by provisioning (under --prefix: inside it)",
         json_schema_extra={"pattern": "^/"},
     )
     lease_ttl_s: float | None = Field(
@@ -95,11 +101,12 @@ class ControllerStore(BaseModel):
         path = PurePosixPath(value)
         if not path.is_absolute():
             raise ValueError(f"must be an absolute path, got {value!r}")
-        if any(path.is_relative_to(hidden) for hidden in HIDDEN_FROM_UNIT):
-            raise ValueError(
-                f"{value} is hidden from hyperpod-controller.service (ProtectHome=yes); "
-                "put it under /etc/hyperpod"
-            )
+        for hidden, setting in HIDDEN_FROM_UNIT.items():
+            if path.is_relative_to(hidden):
+                raise ValueError(
+                    f"{value} is hidden from hyperpod-controller.service ({setting}); put it "
+                    "under /etc/hyperpod"
+                )
         return value
 
     @model_validator(mode="after")

@@ -150,8 +150,8 @@ def build_plan(params: ProvisioningParameters, node: str, options: Options) -> P
     if role.kind == "controller":
         store = params.controller_store
         if store is not None and store.password_file is not None:
-            # Named as given, like mount points: the site's secret, never relocated.
-            steps.append(Secret(Path(store.password_file), "controller_store.password_file"))
+            # The site's secret: checked, never written (under a prefix, inside it).
+            steps.append(Secret(lay.path(store.password_file), "controller_store.password_file"))
         text = _config(
             "controller",
             render.controller_config_data(params, lay, node),

@@ -135,7 +135,7 @@ def controller_config_data(
     if store is not None:
         data["store"] = store.url
         if store.password_file is not None:
-            data["store_password_file"] = store.password_file
+            data["store_password_file"] = str(layout.path(store.password_file))
         if len(params.controller.nodes) > 1:
             data["ha"] = {"enabled": True, "controller_id": f"{node}:{port}", **store.ha_timing()}
     return deep_merge(data, params.controller_overrides)

@@ -257,11 +257,19 @@ def test_relative_password_file() -> None:
     ]
 
 
-@pytest.mark.parametrize("path", ["/root/store.password", "/home/admin/pw", "/run/user/0/pw"])
-def test_password_file_hidden_from_the_controller_unit(path: str) -> None:
+@pytest.mark.parametrize(
+    ("path", "setting"),
+    [
+        ("/root/store.password", "ProtectHome=yes"),
+        ("/home/admin/pw", "ProtectHome=yes"),
+        ("/run/user/0/pw", "ProtectHome=yes"),
+        ("/tmp/pw", "PrivateTmp=yes"),
+    ],
+)
+def test_password_file_hidden_from_the_controller_unit(path: str, setting: str) -> None:
     assert problems(two_heads(password_file=path)) == [
         f"params.json: controller_store.password_file: {path} is hidden from "
-        "hyperpod-controller.service (ProtectHome=yes); put it under /etc/hyperpod"
+        f"hyperpod-controller.service ({setting}); put it under /etc/hyperpod"
     ]
 
 
@@ -370,18 +378,19 @@ def umask() -> Iterator[None]:
     os.umask(old)
 
 
-def head_prefix(prefix: Path) -> None:
+def head_prefix(prefix: Path) -> Path:
+    """A head node's tree under ``prefix`` before provisioning; where its password goes."""
     (prefix / "etc/slurm").mkdir(parents=True)
     (prefix / "etc/slurm/slurm.conf").write_text("ClusterName=test\n")
+    (prefix / "etc/hyperpod").mkdir(parents=True)
+    return prefix / "etc/hyperpod/store.password"
 
 
-def test_apply_on_a_head_with_its_password_file(prefix: Path, source: Path, tmp_path: Path) -> None:
-    secret = tmp_path / "store.password"
+def test_apply_on_a_head_with_its_password_file(prefix: Path, source: Path) -> None:
+    secret = head_prefix(prefix)
     secret.write_text("s3cret\n")
     secret.chmod(0o600)
-    head_prefix(prefix)
-    data = two_heads(password_file=str(secret))
-    params = parse_parameters(data, SRC)
+    params = parse_parameters(two_heads(), SRC)
     options = Options(prefix=prefix, source=source, skip_install=True)
     result = apply_plan(build_plan(params, "head2", options), verify=False)
     secret_outcome = next(o for o in result.outcomes if o.name == f"secret {secret}")
@@ -390,6 +399,7 @@ def test_apply_on_a_head_with_its_password_file(prefix: Path, source: Path, tmp_
         tomllib.loads((prefix / "etc/hyperpod/controller.toml").read_text())
     )
     assert config.controller_id() == "head2:8787"
+    assert config.store_password_file == secret  # inside the prefix, like the rest
     assert secret.read_text() == "s3cret\n" and secret.stat().st_mode & 0o777 == 0o600
     secret.chmod(0o400)
     again = apply_plan(build_plan(params, "head2", options), verify=False)
@@ -409,14 +419,13 @@ def test_apply_on_a_head_with_its_password_file(prefix: Path, source: Path, tmp_
     ],
 )
 def test_apply_stops_at_a_bad_password_file(
-    mode: int | None, why: str, prefix: Path, source: Path, tmp_path: Path
+    mode: int | None, why: str, prefix: Path, source: Path
 ) -> None:
-    secret = tmp_path / "store.password"
+    secret = head_prefix(prefix)
     if mode is not None:
         secret.write_text("s3cret\n")
         secret.chmod(mode)
-    head_prefix(prefix)
-    data = two_heads(password_file=str(secret))
+    data = two_heads()
     with pytest.raises(StepFailed) as info:
         apply_plan(plan(data, "head1", prefix, source=source), verify=False)
     assert str(info.value) == f"head1: step 'secret {secret}' failed: {secret}: {why}"
@@ -425,15 +434,12 @@ def test_apply_stops_at_a_bad_password_file(
     assert (secret.stat().st_mode & 0o777 if secret.exists() else None) == mode
 
 
-def test_a_directory_is_no_password_file(prefix: Path, source: Path, tmp_path: Path) -> None:
-    secret = tmp_path / "store.password"
+def test_a_directory_is_no_password_file(prefix: Path, source: Path) -> None:
+    secret = head_prefix(prefix)
     secret.mkdir(mode=0o700)
     secret.chmod(0o600)
-    head_prefix(prefix)
     with pytest.raises(StepFailed, match=r"store\.password: not a regular file, expected 0600"):
-        apply_plan(
-            plan(two_heads(password_file=str(secret)), "head1", prefix, source), verify=False
-        )
+        apply_plan(plan(two_heads(), "head1", prefix, source), verify=False)
 
 
 def test_verify_passes_when_any_controller_answers(prefix: Path, source: Path) -> None:
@@ -485,7 +491,7 @@ def test_cli_validate_and_plan_two_heads(write_params: WriteParams, prefix: Path
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     assert lines[0] == "head2: controller (group controller)"
-    assert "  secret /etc/hyperpod/store.password" in lines
+    assert f"  secret {prefix}/etc/hyperpod/store.password" in lines
     assert lines[-1] == (
         "  verify: a controller answers http://head1:8787/v1/healthz or "
         "http://head2:8787/v1/healthz"
