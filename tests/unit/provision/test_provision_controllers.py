@@ -512,11 +512,17 @@ def test_cli_two_heads_without_a_store(write_params: WriteParams, prefix: Path) 
     assert not prefix.exists()
 
 
-def test_docs_example_is_valid() -> None:
-    """The parameters in docs/controller.md "Provisioning a standby" validate."""
-    doc = (Path(__file__).resolve().parents[3] / "docs" / "controller.md").read_text()
-    section = doc.split("**Provisioning a standby.**", 1)[1]
-    example = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+@pytest.mark.parametrize(
+    ("doc", "after"),
+    [
+        ("docs/controller.md", "**Provisioning a standby.**"),
+        ("lifecycle_scripts/README.md", "## Several head nodes"),
+    ],
+)
+def test_documented_parameters_are_valid(doc: str, after: str) -> None:
+    text = (Path(__file__).resolve().parents[3] / doc).read_text()
+    block = text.split(after, 1)[1].split("```json\n", 1)[1].split("```", 1)[0].strip()
+    example = json.loads(block if block.startswith("{") else "{" + block + "}")
     data = copy.deepcopy(base_params())
     del data["controller_url"]
     data.update(example)
