@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -27,6 +26,8 @@ from pydantic import (
 )
 
 from hyperpod_agent.errors import ConfigError, SlurmParseError
+from hyperpod_agent.provision import controllers
+from hyperpod_agent.provision.controllers import ControllerStore, ControllerUrl
 from hyperpod_agent.slurm.hostlist import expand_hostlist
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
@@ -209,7 +210,19 @@ class ProvisioningParameters(_Model):
     partitions: list[Partition] = Field(min_length=1)
     spare_pool: SparePool | None = None
     mounts: list[SharedMount] = Field(default_factory=list)
-    controller_url: str
+    controller_url: ControllerUrl | None = Field(
+        default=None, description="the controller, http://HOST:PORT"
+    )
+    controller_urls: list[ControllerUrl] = Field(
+        default_factory=list,
+        min_length=1,
+        description="several controller nodes: one URL each, in the order clients try them",
+    )
+    controller_store: ControllerStore | None = Field(
+        default=None,
+        description="the PostgreSQL database the controllers share; needed with more than "
+        "one controller node",
+    )
     agent_overrides: dict[str, Any] = Field(
         default_factory=dict, description="merged into every agent.toml (AgentConfig)"
     )
@@ -225,21 +238,9 @@ class ProvisioningParameters(_Model):
             raise ValueError('no controller group: add "controller": {"nodes": [...]}')
         return data
 
-    @field_validator("controller_url")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        parsed = urllib.parse.urlsplit(value)
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(f"expected http://HOST:PORT, got {value!r}")
-        try:
-            port = parsed.port
-        except ValueError:
-            raise ValueError(f"bad port in {value!r}") from None
-        if port is None:
-            raise ValueError(f"{value!r} needs an explicit port, e.g. http://head:8787")
-        if parsed.path.strip("/") or parsed.query or parsed.fragment:
-            raise ValueError(f"{value!r} must be scheme://host:port only")
-        return value.rstrip("/")
+    def urls(self) -> tuple[str, ...]:
+        """Every controller's URL, in order (one unless there are several head nodes)."""
+        return controllers.controller_urls(self.controller_url, self.controller_urls)
 
     def groups(self) -> Iterator[tuple[str, _Group]]:
         """(kind, group) for every group, controller first."""
@@ -276,6 +277,9 @@ class ProvisioningParameters(_Model):
                     )
         if self.spare_pool is not None:
             self._check_spares(self.spare_pool, declared)
+        controllers.check_heads(
+            self.controller.nodes, self.urls(), self.controller_store, self.controller_overrides
+        )
         paths = [m.path for m in self.mounts]
         for path in paths:
             if paths.count(path) > 1:

@@ -24,6 +24,7 @@ from hyperpod_agent.provision.steps import (
     InstallPackage,
     ManagedBlock,
     Mount,
+    Secret,
     Step,
     Symlink,
     SystemdEnable,
@@ -147,8 +148,15 @@ def build_plan(params: ProvisioningParameters, node: str, options: Options) -> P
         else:
             checks.append(HealthCacheOk(hyperpod, config.path, options.verify_timeout_s))
     if role.kind == "controller":
+        store = params.controller_store
+        if store is not None and store.password_file is not None:
+            # The site's secret: checked, never written (under a prefix, inside it).
+            steps.append(Secret(lay.path(store.password_file), "controller_store.password_file"))
         text = _config(
-            "controller", render.controller_config_data(params, lay), node, "controller_overrides"
+            "controller",
+            render.controller_config_data(params, lay, node),
+            node,
+            "controller_overrides",
         )
         config = File(lay.etc / "controller.toml", text, 0o640)
         steps.append(config)
@@ -163,9 +171,10 @@ def build_plan(params: ProvisioningParameters, node: str, options: Options) -> P
             )
         )
     if role.kind in ("controller", "login"):
-        admin = _config("admin", render.admin_config_data(params), node, "controller_url")
+        key = "controller_url" if params.controller_url is not None else "controller_urls"
+        admin = _config("admin", render.admin_config_data(params), node, key)
         steps.append(File(lay.etc / "admin.toml", admin, 0o644))
-        checks.append(ControllerAnswers(params.controller_url, options.verify_timeout_s))
+        checks.append(ControllerAnswers(params.urls(), options.verify_timeout_s))
     return Plan(node, role, lay, steps, checks)
 
 

@@ -99,7 +99,7 @@ def agent_config_data(
         "state_dir": str(layout.run_dir),
         # Where the SPANK plugin leaves srun --auto-resume markers for the agent.
         "auto_resume_markers": str(layout.statedir),
-        "controller": {"url": params.controller_url},
+        "controller": controller_section(params),
     }
     gpus = group.expected_gpu_count() if group is not None else None
     if gpus == 0:
@@ -109,24 +109,42 @@ def agent_config_data(
     return deep_merge(data, params.agent_overrides)
 
 
-def controller_config_data(params: ProvisioningParameters, layout: Layout) -> dict[str, Any]:
-    """controller.toml, before validation: generated keys plus controller_overrides."""
-    url = urllib.parse.urlsplit(params.controller_url)
-    # Listen where the URL points: loopback stays private, a real name needs every address.
-    host = "127.0.0.1" if url.hostname in LOOPBACK_HOSTS else "0.0.0.0"
+def controller_section(params: ProvisioningParameters) -> dict[str, Any]:
+    """``[controller]`` of agent.toml and admin.toml: ``url``, or ``urls`` when there are
+    several controllers (the clients try them in turn)."""
+    urls = params.urls()
+    return {"url": urls[0]} if len(urls) == 1 else {"urls": list(urls)}
+
+
+def controller_config_data(
+    params: ProvisioningParameters, layout: Layout, node: str
+) -> dict[str, Any]:
+    """controller.toml for head node ``node``, before validation: generated keys plus
+    controller_overrides. Head nodes' files differ only in ``[ha] controller_id``."""
+    urls = [urllib.parse.urlsplit(u) for u in params.urls()]
+    # Listen where the URLs point: loopback stays private, a real name needs every address.
+    private = all(u.hostname in LOOPBACK_HOSTS for u in urls)
+    port = urls[0].port
     data: dict[str, Any] = {
-        "listen_host": host,
-        "listen_port": url.port,
+        "listen_host": "127.0.0.1" if private else "0.0.0.0",
+        "listen_port": port,
         "state_db": str(layout.state_dir / "controller.db"),
         "slurm_conf": str(layout.slurm_conf_dir / "slurm.conf"),
     }
+    store = params.controller_store
+    if store is not None:
+        data["store"] = store.url
+        if store.password_file is not None:
+            data["store_password_file"] = str(layout.path(store.password_file))
+        if len(params.controller.nodes) > 1:
+            data["ha"] = {"enabled": True, "controller_id": f"{node}:{port}", **store.ha_timing()}
     return deep_merge(data, params.controller_overrides)
 
 
 def admin_config_data(params: ProvisioningParameters) -> dict[str, Any]:
     """admin.toml: where the admin CLI finds the controller, and how it authenticates."""
     auth = params.controller_overrides.get("auth")
-    data: dict[str, Any] = {"controller": {"url": params.controller_url}}
+    data: dict[str, Any] = {"controller": controller_section(params)}
     if isinstance(auth, Mapping):
         # The client side of the controller's auth; the server-only keys stay out.
         client = {k: auth[k] for k in ("mode", "munge_socket") if k in auth}
@@ -186,7 +204,11 @@ def check_overrides(params: ProvisioningParameters, source: str) -> list[str]:
             "agent_overrides",
             lambda: agent_config_data(params, group.nodes[0], group, layout),
         ),
-        ("controller", "controller_overrides", lambda: controller_config_data(params, layout)),
+        (
+            "controller",
+            "controller_overrides",
+            lambda: controller_config_data(params, layout, params.controller.nodes[0]),
+        ),
     ]
     problems: list[str] = []
     for name, key, make in checks:

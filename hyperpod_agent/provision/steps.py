@@ -9,6 +9,7 @@ import difflib
 import hashlib
 import logging
 import os
+import stat
 import subprocess
 import tempfile
 from abc import ABC, abstractmethod
@@ -179,6 +180,34 @@ class File(Step):
         if self.keep_mode and current is not None:
             mode = self.path.stat().st_mode & 0o7777
         write_atomic(self.path, self.desired(current), mode)
+
+
+class Secret(Step):
+    """A file the site puts in place, not provisioning: it must exist and be readable
+    by its owner only. Nothing is ever written; a missing or exposed file stops the run
+    before the configuration that names it is written."""
+
+    def __init__(self, path: Path, key: str) -> None:
+        self.path, self.key, self.name = path, key, f"secret {path}"
+
+    def inspect(self, ctx: Context) -> Change | None:
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            raise StepError(
+                f"{self.path}: no such file ({self.key}: create it, mode 0600, on every "
+                "controller node)"
+            ) from None
+        except OSError as exc:
+            raise StepError(f"{self.path}: cannot read: {exc.strerror}") from None
+        mode = st.st_mode & 0o7777
+        if not stat.S_ISREG(st.st_mode) or mode not in (0o600, 0o400):
+            what = f"mode {mode:04o}" if stat.S_ISREG(st.st_mode) else "not a regular file"
+            raise StepError(f"{self.path}: {what}, expected 0600 or 0400 ({self.key})")
+        return None
+
+    def apply(self, ctx: Context) -> None:
+        raise StepError(f"{self.path}: provisioning does not write secrets ({self.key})")
 
 
 class CopyFile(File):

@@ -6,7 +6,7 @@ import time
 import urllib.error
 import urllib.request
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hyperpod_agent.provision.steps import StepError, run_command
@@ -71,22 +71,35 @@ class HealthCacheOk(Check):
 
 
 class ControllerAnswers(Check):
-    """GET /v1/healthz on the controller URL answers 200."""
+    """GET /v1/healthz answers 200 on one of the controllers: a standby answers too."""
 
-    def __init__(self, url: str, timeout: float) -> None:
-        self.url = f"{url}/v1/healthz"
+    def __init__(self, urls: Sequence[str], timeout: float) -> None:
+        self.urls = [f"{url}/v1/healthz" for url in urls]
         self.timeout = timeout
-        self.name = f"verify: controller answers {self.url}"
+        self.name = (
+            f"verify: controller answers {self.urls[0]}"
+            if len(self.urls) == 1
+            else f"verify: a controller answers {' or '.join(self.urls)}"
+        )
 
     def run(self, sleep: Callable[[float], None] = time.sleep) -> str:
-        def once() -> tuple[bool, str]:
+        def ask(url: str) -> tuple[bool, str]:
             try:
-                with urllib.request.urlopen(self.url, timeout=5) as resp:  # noqa: S310
-                    return resp.status == 200, f"{self.url}: HTTP {resp.status}"
+                with urllib.request.urlopen(url, timeout=5) as resp:  # noqa: S310
+                    return resp.status == 200, f"{url}: HTTP {resp.status}"
             except urllib.error.HTTPError as exc:
-                return False, f"{self.url}: HTTP {exc.code}"
+                return False, f"{url}: HTTP {exc.code}"
             except (urllib.error.URLError, OSError) as exc:
                 reason = getattr(exc, "reason", exc)
-                return False, f"{self.url}: {reason}"
+                return False, f"{url}: {reason}"
+
+        def once() -> tuple[bool, str]:
+            failed = []
+            for url in self.urls:
+                ok, line = ask(url)
+                if ok:
+                    return True, line
+                failed.append(line)
+            return False, "; ".join(failed)
 
         return _poll(once, self.timeout, sleep)

@@ -399,3 +399,77 @@ def test_agent_default_disk_probe_is_ok_inside_the_unit_sandbox(tmp_path: Path) 
     proc = run_sandboxed(one(load("hyperpod-agent"), "Service", "ProtectSystem"), tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("OK "), proc.stdout
+
+
+# ---------------------------------------------------------------- the controller on PostgreSQL
+
+# Where provisioning expects the store's password (docs/controller.md "High availability").
+PASSWORD_FILE = Path("/etc/hyperpod/store.password")
+# Settings that cut a service off the network, or from some of it.
+NETWORK_CUTS = (
+    "PrivateNetwork",
+    "IPAddressDeny",
+    "IPAddressAllow",
+    "RestrictNetworkInterfaces",
+    "NetworkNamespacePath",
+)
+
+
+def hidden_paths(unit: Unit) -> list[Path]:
+    """Paths the service cannot read: made inaccessible, or covered by an empty tmpfs."""
+    svc = unit["Service"]
+    paths = [Path(p.lstrip("-+")) for v in svc.get("InaccessiblePaths", []) for p in v.split()]
+    paths += [Path(v.split(":")[0]) for v in svc.get("TemporaryFileSystem", [])]
+    home = svc.get("ProtectHome", ["no"])[-1]
+    if home in ("yes", "tmpfs"):
+        paths += [Path("/home"), Path("/root"), Path("/run/user")]
+    if svc.get("PrivateTmp", ["no"])[-1] == "yes":
+        paths += [Path("/tmp"), Path("/var/tmp")]
+    return paths
+
+
+def store_blockers(unit: Unit) -> list[str]:
+    """What in a unit would keep a controller from its remote PostgreSQL store."""
+    svc = unit["Service"]
+    found = [f"{key}={svc[key][-1]}" for key in NETWORK_CUTS if svc.get(key)]
+    if svc.get("PrivateNetwork") == ["no"]:
+        found.remove("PrivateNetwork=no")
+    families = words(unit, "Service", "RestrictAddressFamilies")
+    if families and not {"AF_INET", "AF_INET6"} <= families:
+        found.append(f"RestrictAddressFamilies={' '.join(sorted(families))}")
+    if any(PASSWORD_FILE.is_relative_to(p) for p in hidden_paths(unit)):
+        found.append(f"{PASSWORD_FILE} hidden")
+    if svc.get("PrivateUsers", ["no"])[-1] == "yes":
+        found.append("PrivateUsers=yes (a root-only password file is unreadable)")
+    return found
+
+
+def test_store_blockers_finds_what_cuts_the_store_off() -> None:
+    text = (SYSTEMD / "hyperpod-controller.service").read_text()
+    broken = text.replace(
+        "[Service]\n",
+        "[Service]\nPrivateNetwork=yes\nIPAddressDeny=any\nInaccessiblePaths=/etc/hyperpod\n",
+    )
+    assert store_blockers(parse_unit(broken)) == [
+        "PrivateNetwork=yes",
+        "IPAddressDeny=any",
+        f"{PASSWORD_FILE} hidden",
+    ]
+    unix_only = text.replace("AF_UNIX AF_INET AF_INET6", "AF_UNIX")
+    assert store_blockers(parse_unit(unix_only)) == ["RestrictAddressFamilies=AF_UNIX"]
+
+
+def test_controller_reaches_a_remote_store() -> None:
+    # With [ha] every head node runs this one unit, leader and standby alike, against a
+    # PostgreSQL server elsewhere.
+    unit = load("hyperpod-controller")
+    assert store_blockers(unit) == []
+    # Started after a database on the same host (no effect when it is remote).
+    assert "postgresql.service" in words(unit, "Unit", "After")
+
+
+def test_provisioning_refuses_the_password_paths_the_unit_hides() -> None:
+    from hyperpod_agent.provision.controllers import HIDDEN_FROM_UNIT
+
+    hidden = hidden_paths(load("hyperpod-controller"))
+    assert {Path(p) for p in HIDDEN_FROM_UNIT} == set(hidden)

@@ -1,4 +1,5 @@
-"""Test data for provisioning: valid parameters, a small source tree, a tree lister.
+"""Test data for provisioning: valid parameters, a small source tree, a tree lister,
+the problems parameters give, and a controller that only answers /v1/healthz.
 
 The source tree stands in for the repository: systemd units and a spank_plugin/Makefile
 that "builds" auto_resume.so by copying a file, so the build step runs real ``make``
@@ -7,8 +8,13 @@ without a C compiler or Slurm headers.
 
 from __future__ import annotations
 
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from hyperpod_agent.provision.models import ProvisionError, parse_parameters
 
 AGENT_UNIT = """[Unit]
 Description=hyperpod node health agent
@@ -57,3 +63,21 @@ def tree(root: Path) -> dict[str, str]:
         else:
             out[rel] = f"file {path.stat().st_mode & 0o7777:04o}"
     return out
+
+
+def problems(data: Any, source: str = "params.json") -> list[str]:
+    """The one-line problems parse_parameters reports for ``data``."""
+    with pytest.raises(ProvisionError) as info:
+        parse_parameters(data, source)
+    return info.value.problems
+
+
+class Healthz(BaseHTTPRequestHandler):
+    """A controller's /v1/healthz and nothing else."""
+
+    def do_GET(self) -> None:  # noqa: N802
+        self.send_response(200 if self.path == "/v1/healthz" else 404)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass

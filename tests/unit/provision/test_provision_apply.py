@@ -9,12 +9,19 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from provision_support import AGENT_UNIT, CONTROLLER_UNIT, PLUGIN_BYTES, base_params, tree
+from provision_support import (
+    AGENT_UNIT,
+    CONTROLLER_UNIT,
+    PLUGIN_BYTES,
+    Healthz,
+    base_params,
+    tree,
+)
 
 from hyperpod_agent.provision import render
 from hyperpod_agent.provision.apply import Retry, apply_plan, with_retry
@@ -412,15 +419,6 @@ def test_worker_verify_failure_names_the_check(prefix: Path, source: Path, tmp_p
         "node1: verify: agent reports healthy: failed: agent run --once: exit 1: node1: faulty"
     )
     assert info.value.exit_code == 6
-
-
-class Healthz(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
-        self.send_response(200 if self.path == "/v1/healthz" else 404)
-        self.end_headers()
-
-    def log_message(self, *args: Any) -> None:
-        pass
 
 
 def test_login_verify_asks_the_controller(prefix: Path, source: Path) -> None:

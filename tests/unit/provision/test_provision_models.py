@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from provision_support import base_params
+from provision_support import base_params, problems
 
 from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.provision.models import (
@@ -19,12 +19,6 @@ from hyperpod_agent.provision.models import (
 )
 
 SRC = "params.json"
-
-
-def problems(data: Any) -> list[str]:
-    with pytest.raises(ProvisionError) as info:
-        parse_parameters(data, SRC)
-    return info.value.problems
 
 
 def with_(**changes: Any) -> dict[str, Any]:

@@ -106,7 +106,7 @@ def test_agent_config_without_gpus_disables_the_gpu_probe() -> None:
 
 
 def test_controller_config_listens_where_the_url_points() -> None:
-    data = render.controller_config_data(params(), layout())  # type: ignore[arg-type]
+    data = render.controller_config_data(params(), layout(), "head")  # type: ignore[arg-type]
     config = ControllerConfig.model_validate(data)
     assert (config.listen_host, config.listen_port) == ("127.0.0.1", 28899)
     assert config.state_db == Path("/p/var/lib/hyperpod/controller.db")
@@ -114,6 +114,7 @@ def test_controller_config_listens_where_the_url_points() -> None:
     public = render.controller_config_data(
         params(controller_url="http://head:8787"),
         layout(),  # type: ignore[arg-type]
+        "head",
     )
     assert (public["listen_host"], public["listen_port"]) == ("0.0.0.0", 8787)
 
