@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "checkpoint": "hyperpod_agent.checkpoint.cli:checkpoint",
     "auth": "hyperpod_agent.admin.keys:auth",
     "provision": "hyperpod_agent.provision.cli:provision",
+    "step-retry": "hyperpod_agent.step_retry:step_retry",
 }
 
 

@@ -295,6 +295,11 @@ class ControllerClient:
         }
         return self.request("POST", "/v1/steps/retry", body)
 
+    def step_watch(self, job_id: int, step_id: str, attempt: int, nodelist: str) -> Any:
+        """``POST /v1/steps/watch``: the step runs; ``end`` says to end it now."""
+        body = {"job_id": job_id, "step_id": step_id, "attempt": attempt, "nodelist": nodelist}
+        return self.request("POST", "/v1/steps/watch", body)
+
     def step_retry_state(self, retry_id: int) -> Any:
         """``GET /v1/steps/retry/{id}``: the surgery's phase; the new node list once done."""
         return self.request("GET", f"/v1/steps/retry/{int(retry_id)}")

@@ -21,6 +21,11 @@ TEST_PORT_BASE = 17817
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The drills on the service cluster are one lane of scripts/test.sh, which runs
+    # them beside the rest (-m services / -m "not services").
+    for item in items:
+        if "service_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.services)
     # Integration tests need root (namespaces, daemons as root); say so instead of failing.
     if os.geteuid() == 0:
         return

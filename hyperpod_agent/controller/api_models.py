@@ -254,6 +254,17 @@ class CheckRunOut(BaseModel):
     outcomes: list[CheckOutcomeOut] = Field(default_factory=list)
 
 
+def check_nodelist(value: str) -> str:
+    """``value`` when it is a Slurm node list of valid node names."""
+    try:
+        names = expand_hostlist(value)
+    except SlurmParseError as exc:
+        raise ValueError(f"not a Slurm node list: {value[:60]!r}") from exc
+    if not names or any(not NODE_NAME.match(n) for n in names):
+        raise ValueError(f"not a Slurm node list: {value[:60]!r}")
+    return value
+
+
 class StepFailureIn(BaseModel):
     """``POST /v1/steps/retry``: srun reports a failed ``--auto-resume`` step."""
 
@@ -272,13 +283,32 @@ class StepFailureIn(BaseModel):
     @field_validator("nodelist")
     @classmethod
     def _hostlist(cls, value: str) -> str:
-        try:
-            names = expand_hostlist(value)
-        except SlurmParseError as exc:
-            raise ValueError(f"not a Slurm node list: {value[:60]!r}") from exc
-        if not names or any(not NODE_NAME.match(n) for n in names):
-            raise ValueError(f"not a Slurm node list: {value[:60]!r}")
-        return value
+        return check_nodelist(value)
+
+
+class StepWatchIn(BaseModel):
+    """``POST /v1/steps/watch``: a step-retry helper's step is running (renewed every
+    ``renew_every_s``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: int = Field(ge=1, le=2**63 - 1)
+    step_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._-]+$")
+    attempt: int = Field(ge=1, le=1000, description="this launch of the step; 1 = first")
+    nodelist: str = Field(min_length=1, max_length=65536, description="the job's nodes now")
+
+    @field_validator("nodelist")
+    @classmethod
+    def _hostlist(cls, value: str) -> str:
+        return check_nodelist(value)
+
+
+class StepWatchOut(BaseModel):
+    """Whether the step must end now (a node of it is faulty: its retry follows)."""
+
+    end: bool
+    cause: str
+    renew_every_s: float
 
 
 class StepRetryOut(BaseModel):

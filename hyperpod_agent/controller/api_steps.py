@@ -15,13 +15,20 @@ from fastapi import Path as FastApiPath
 
 from hyperpod_agent.auth import AuthError, Identity, describe
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.api_models import StepFailureIn, StepRetryOut
+from hyperpod_agent.controller.api_models import (
+    StepFailureIn,
+    StepRetryOut,
+    StepWatchIn,
+    StepWatchOut,
+)
 from hyperpod_agent.controller.api_views import at, step_retry_view
 from hyperpod_agent.controller.ingest import Rejected
+from hyperpod_agent.controller.snapshot import Snapshot
 from hyperpod_agent.controller.stepretry_plan import (
     Outcome,
     StepFailure,
     StepPlan,
+    attributable,
     budget_of,
     decide_step,
 )
@@ -34,6 +41,10 @@ if TYPE_CHECKING:
     from hyperpod_agent.controller.service import Controller
 
 MAX_ID = 2**63 - 1
+# A watch not renewed within WATCH_TTL_S is gone (the helper died): the policy no
+# longer waits for its step's retry.
+WATCH_RENEW_S = 2.0
+WATCH_TTL_S = 10.0
 
 
 def may_ask(who: Identity, job: Job) -> None:
@@ -97,6 +108,9 @@ def _decide(controller: Controller, job: Job, failure: StepFailure, who: str) ->
     )
     kind = "step_retry_requeue" if plan.outcome is Outcome.REQUEUE else "step_retry_fail"
     store.add_event(kind, message, now, job_id=job.job_id, cause=plan.cause)
+    # Answered for good: the job's fault is today's recovery's again, at once.
+    store.unwatch_job(job.job_id)
+    controller.wake.set()
     return StepRetryOut(
         id=None,
         job_id=job.job_id,
@@ -147,6 +161,28 @@ def _start(
     return step_retry_view(run)
 
 
+def _watch(controller: Controller, job: Job, body: StepWatchIn, who: str) -> StepWatchOut:
+    """Renew the step's watch; tell it to end when one of its nodes is to blame. The
+    step's own node list decides (the pass's view of the job may still hold a node a
+    surgery just took out), within the job's nodes."""
+    store = controller.store
+    now = controller.clock()
+    nodes = [n for n in expand_hostlist(body.nodelist) if n in job.nodes]
+    snap = Snapshot(nodes=controller.nodes, jobs=[job], open_faults=store.open_faults())
+    window = controller.config.auto_resume.fault_window_s
+    causes = [found[0] for n in nodes if (found := attributable(n, snap, now, window))]
+    end = bool(causes) and job.state.upper() == "RUNNING"
+    cause = "; ".join(causes) if end else ""
+    end_at = store.watch_step(job.job_id, body.step_id, body.attempt, now, WATCH_TTL_S, end=end)
+    if end and end_at == now:
+        message = (
+            f"step {body.step_id} of job {job.job_id} (attempt {body.attempt}) told to end "
+            f"now, watched by {who}: {cause}"
+        )
+        store.add_event("step_end", message, now, job_id=job.job_id, cause=cause)
+    return StepWatchOut(end=end, cause=cause, renew_every_s=WATCH_RENEW_S)
+
+
 def add_step_routes(
     app: FastAPI,
     controller: Controller,
@@ -175,6 +211,17 @@ def add_step_routes(
         out = _decide(controller, job, failure, describe(who))
         response.status_code = 202 if out.decision == "RETRYSTEP" and not out.done else 200
         return out
+
+    @app.post("/v1/steps/watch", response_model=StepWatchOut, responses=ERRORS)
+    def post_step_watch(body: StepWatchIn, request: Request) -> StepWatchOut:
+        """A running ``--auto-resume`` step under a step-retry helper, renewed every
+        ``renew_every_s``: ``end`` when a node of it is faulty (end it now, then ask for
+        its retry) rather than wait for the collective to time out."""
+        who = identity(request)
+        controller.require_leader()
+        job = _job(controller, body.job_id, fresh=False)
+        may_ask(who, job)
+        return _watch(controller, job, body, describe(who))
 
     @app.get("/v1/steps/retry/{retry_id}", response_model=StepRetryOut, responses=ERRORS)
     def get_step_retry(

@@ -13,7 +13,13 @@ from datetime import UTC, datetime
 
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.reasons import Verb, parse_reason
-from hyperpod_agent.controller.snapshot import Kind, PlannedAction, PlannedEvent, Snapshot
+from hyperpod_agent.controller.snapshot import (
+    Kind,
+    PlannedAction,
+    PlannedEvent,
+    Snapshot,
+    left_to_step_retry,
+)
 from hyperpod_agent.controller.store_rows import FaultRow
 from hyperpod_agent.errors import SlurmParseError
 from hyperpod_agent.health import Action
@@ -214,7 +220,8 @@ def plan(
     actions: list[PlannedAction] = []
     events: list[PlannedEvent] = []
     busy = {a.job_id for a in snap.in_flight if a.job_id is not None}
-    busy |= set(snap.step_retries)  # its step is being retried in place: no requeue meanwhile
+    # its step is being retried in place, or will ask to be: no requeue meanwhile
+    busy |= left_to_step_retry(snap, now)
     budget_left = ar.max_requeues_per_minute - snap.requeues_last_minute
     capped: list[int] = []
     for job in sorted(snap.jobs, key=lambda j: j.job_id):

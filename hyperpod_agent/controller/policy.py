@@ -37,6 +37,7 @@ from hyperpod_agent.controller.snapshot import (
     PlannedAction,
     PlannedEvent,
     Snapshot,
+    left_to_step_retry,
 )
 from hyperpod_agent.controller.store_rows import FaultRow
 from hyperpod_agent.health import Action, Verdict
@@ -89,8 +90,11 @@ class _Ctx:
     def __init__(self, snap: Snapshot, config: ControllerConfig, now: float) -> None:
         self.snap, self.config, self.policy, self.now = snap, config, config.policy, now
         self.busy = {a.node for a in snap.in_flight if a.node is not None} | set(snap.checking)
-        # a step retry's nodes are the surgery's until it is done or rolled back
+        # a step retry's nodes are the surgery's until it is done or rolled back, and a
+        # watched step's nodes are left to the retry it will ask for
         self.busy |= {n for pair in snap.step_retries.values() for n in pair}
+        retrying = left_to_step_retry(snap, now) - set(snap.step_retries)
+        self.busy |= {n for j in snap.jobs if j.job_id in retrying for n in j.nodes}
         self.faults: dict[str, list[FaultRow]] = defaultdict(list)
         for f in snap.open_faults:
             self.faults[f.node].append(f)

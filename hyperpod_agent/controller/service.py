@@ -168,6 +168,7 @@ class Controller(Ingest):
             ),
             checking=frozenset(n for r in self.store.open_check_runs() for n in r.nodes),
             step_retries={r.job_id: (r.bad_node, r.spare) for r in self.store.open_step_retries()},
+            watched_jobs=self.store.watched_jobs(now),
         )
 
     def replacement_params(self, node: str) -> dict[str, Any]:
@@ -313,6 +314,7 @@ class Controller(Ingest):
         self._gauges(nodes, snap)
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
+            self.store.prune_step_watches(now)
             removed = self.store.prune(now - self.config.history_retention_s)
             if removed:
                 log.info(

@@ -70,6 +70,9 @@ class Snapshot:
     # Step retries under way: job id -> (the node taken out, the spare going in). The
     # policy leaves these jobs and nodes to the surgery (stepretry_run.py).
     step_retries: Mapping[int, tuple[str, str]] = field(default_factory=dict)
+    # Jobs whose step a step-retry helper watches: job id -> when it was first told to
+    # end its step (None: not yet). See ``left_to_step_retry``.
+    watched_jobs: Mapping[int, float | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -101,3 +104,20 @@ class Decision:
     incident: bool = False
     incident_reason: str = ""
     hung_jobs: int = 0  # running jobs past their hang limit (declared or not)
+
+
+# How long a watched job's step may take, once told to end, to ask for its retry: after
+# that the watch protects nothing and today's recovery (replace, requeue) acts.
+WATCH_GRACE_S = 60.0
+
+
+def left_to_step_retry(snap: Snapshot, now: float) -> set[int]:
+    """Jobs whose node faults the policy leaves alone: a surgery is under way, or a
+    watched step will ask for its retry (told to end less than WATCH_GRACE_S ago)."""
+    jobs = set(snap.step_retries)
+    jobs |= {
+        j
+        for j, end_at in snap.watched_jobs.items()
+        if end_at is None or now - end_at < WATCH_GRACE_S
+    }
+    return jobs

@@ -70,7 +70,7 @@ def budget_of(failure: StepFailure, job: Job, snap: Snapshot, default_attempts: 
     return cap_of(job, snap, default_attempts) or 0
 
 
-def _attributable(
+def attributable(
     name: str, snap: Snapshot, now: float, window: float
 ) -> tuple[str, FaultRow | None] | None:
     """Why the step's failure is ``name``'s (and the fault, if one), or None."""
@@ -159,7 +159,7 @@ def decide_step(
     if foreign:
         return StepPlan(Outcome.FAIL, f"{','.join(foreign)} not among job {job.job_id}'s nodes")
     window = ar.fault_window_s
-    found = {n: why for n in failure.nodes if (why := _attributable(n, snap, now, window))}
+    found = {n: why for n in failure.nodes if (why := attributable(n, snap, now, window))}
     if not found:
         return StepPlan(
             Outcome.FAIL,

@@ -95,4 +95,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX step_retries_phase ON step_retries(phase);
     CREATE UNIQUE INDEX step_retries_attempt ON step_retries(job_id, step_id, attempt);
     """,
+    # 9: steps under watch: a step-retry helper renews its step's row while srun runs;
+    # end_at is when the controller first told it to end the step (a node fault).
+    """
+    CREATE TABLE step_watches (
+        job_id INTEGER NOT NULL, step_id TEXT NOT NULL, attempt INTEGER NOT NULL,
+        expires_at REAL NOT NULL, end_at REAL, PRIMARY KEY (job_id, step_id));
+    """,
 ]

@@ -208,3 +208,40 @@ class StepLog(CheckLog):
                 )
             for ev in events:
                 self._put_event(db, ev, now)
+
+    # -- steps under watch ------------------------------------------------------------
+    def watch_step(
+        self, job_id: int, step_id: str, attempt: int, now: float, ttl: float, *, end: bool
+    ) -> float | None:
+        """Renew the watch of a running step until ``now + ttl``; with ``end``, note
+        that the controller told it to end (the first time only). Returns when the end
+        was first asked, or None."""
+        with self._tx(durable=False) as db:
+            row = db.execute(
+                "INSERT INTO step_watches (job_id, step_id, attempt, expires_at, end_at) "
+                "VALUES (?,?,?,?,?) ON CONFLICT (job_id, step_id) DO UPDATE SET "
+                "attempt=excluded.attempt, expires_at=excluded.expires_at, "
+                "end_at=CASE WHEN excluded.attempt != step_watches.attempt "
+                "THEN excluded.end_at ELSE coalesce(step_watches.end_at, excluded.end_at) END "
+                "RETURNING end_at",
+                (job_id, step_id, attempt, now + ttl, now if end else None),
+            ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def watched_jobs(self, now: float) -> dict[int, float | None]:
+        """Jobs with a step under watch at ``now``: job id -> when a step of it was first
+        told to end (None while none was)."""
+        rows = self._query(
+            "SELECT job_id, min(end_at) FROM step_watches WHERE expires_at>? GROUP BY job_id",
+            (now,),
+        )
+        return {int(r[0]): None if r[1] is None else float(r[1]) for r in rows}
+
+    def unwatch_job(self, job_id: int) -> None:
+        """The job's steps are no longer under watch (its failure was answered)."""
+        with self._tx(durable=False) as db:
+            db.execute("DELETE FROM step_watches WHERE job_id=?", (job_id,))
+
+    def prune_step_watches(self, now: float) -> None:
+        with self._tx(durable=False) as db:
+            db.execute("DELETE FROM step_watches WHERE expires_at<=?", (now,))

@@ -161,3 +161,61 @@ def test_a_user_may_only_ask_about_their_own_job() -> None:
         assert err.value.status == 403
     with pytest.raises(AuthError):
         may_ask(who(1000), replace(JOB, uid=None))  # an owner Slurm did not name
+
+
+WATCH = {"job_id": 12, "step_id": "srun-41", "attempt": 1, "nodelist": "node[1-3]"}
+
+
+def watch(api: Api, body: dict[str, Any] | None = None, who: str = "node1") -> Any:
+    return api.post("/v1/steps/watch", body or WATCH, who=who)
+
+
+def test_a_watched_step_on_healthy_nodes_runs_on(api: Api) -> None:
+    api.controller.reconcile_once()  # the pass's view of the job
+    resp = watch(api)
+    assert resp.status_code == 200, resp.text
+    assert resp.json() == {"end": False, "cause": "", "renew_every_s": 2.0}
+    assert api.store.watched_jobs(api.controller.clock()) == {12: None}
+
+
+def test_a_node_fault_tells_the_watched_step_to_end_once_and_the_policy_waits(api: Api) -> None:
+    api.controller.reconcile_once()
+    faulty(api)
+    out = watch(api).json()
+    assert out["end"] is True and "gpu0 xid79 on node2" in out["cause"]
+    assert watch(api).json()["end"] is True
+    ends = [e for e in api.store.events(job_id=12) if e.kind == "step_end"]
+    assert len(ends) == 1 and "srun-41" in ends[0].message
+    # the step will ask for its retry: this pass neither requeues nor replaces
+    api.controller.reconcile_once()
+    assert [c for c in api.slurm.calls if c[0] in ("requeue", "reboot", "drain")] == []
+    # the retry's answer ends the watch (here a FAIL: the job named no budget)
+    ask(api, {**FAILURE, "step_id": "srun-41", "auto_resume": 0})
+    assert api.store.watched_jobs(api.controller.clock()) == {}
+
+
+def test_after_a_retry_the_new_node_list_is_what_is_watched(api: Api) -> None:
+    # The pass's view may still hold the node taken out: the step's own list decides.
+    api.controller.reconcile_once()
+    faulty(api)
+    out = watch(api, {**WATCH, "attempt": 2, "nodelist": "node[1,3]"}).json()
+    assert out["end"] is False
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({**WATCH, "job_id": 999}, 404),
+        ({**WATCH, "step_id": "a b"}, 422),
+        ({**WATCH, "nodelist": "node[1-"}, 422),
+        ({**WATCH, "attempt": 0}, 422),
+    ],
+)
+def test_bad_watches_are_refused(api: Api, body: dict[str, Any], status: int) -> None:
+    api.controller.reconcile_once()
+    assert watch(api, body).status_code == status
+
+
+def test_only_the_jobs_own_may_watch_it(api: Api) -> None:
+    api.controller.reconcile_once()
+    assert watch(api, who="node4").status_code == 403
