@@ -1,15 +1,45 @@
 #!/usr/bin/env bash
 # Run the whole test suite: installs what it needs first (scripts/setup.sh, idempotent),
 # then unit and integration tests. Integration tests start their own local Slurm
-# cluster and need root. Extra arguments go to pytest.
+# clusters and need root. Extra arguments go to pytest (one run, as given).
+#
+# Without arguments the suite runs in two lanes at once, each on clusters of its own:
+# the drills on the service cluster (marker `services`, mostly waiting on Slurm and
+# the agents) and everything else. The second lane's output follows the first's.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh || exit 1
-.venv/bin/pytest -q -p no:cacheprovider "$@"
-rc=$?
+
 # pytest exits 5 when it collected no test: that is not a failure of the suite.
-if [ "$rc" = 5 ]; then
-	echo "no tests collected"
-	exit 0
+pytest_rc() {
+	local rc=$1
+	if [ "$rc" = 5 ]; then
+		echo "no tests collected"
+		rc=0
+	fi
+	return "$rc"
+}
+
+if [ "$#" -gt 0 ]; then
+	.venv/bin/pytest -q -p no:cacheprovider "$@"
+	pytest_rc $?
+	exit $?
 fi
-exit "$rc"
+
+lane_log=$(mktemp /tmp/hyperpod-tests-services.XXXXXX)
+trap 'rm -f "$lane_log"' EXIT
+.venv/bin/pytest -q -p no:cacheprovider -m services >"$lane_log" 2>&1 &
+lane_pid=$!
+echo "== lane 1: unit tests and the other integration tests"
+.venv/bin/pytest -q -p no:cacheprovider -m "not services"
+pytest_rc $?
+rc_main=$?
+wait "$lane_pid"
+pytest_rc $?
+rc_lane=$?
+echo "== lane 2: drills on the service cluster (-m services)"
+cat "$lane_log"
+if [ "$rc_main" != 0 ] || [ "$rc_lane" != 0 ]; then
+	echo "test lanes failed: rc $rc_main (unit and others), $rc_lane (service drills)"
+	exit 1
+fi
