@@ -24,8 +24,20 @@
  *       a reused job id never restores an old job's checkpoints, while a
  *       directory the job chose itself is left alone.
  *
+ *   local (srun inside an allocation), with step_helper=:
+ *       an srun whose own command line has --auto-resume[=N] (N > 0) hands
+ *       itself over to the helper: execv(step_helper, ["hyperpod",
+ *       "step-retry", "--", <srun's command line>]) with
+ *       HYPERPOD_STEP_AUTO_RESUME=N.  The helper runs the same srun again
+ *       with HYPERPOD_STEP_WRAPPED=1 (no second hand-over), and asks the
+ *       controller whether to retry a failed step inside the job.  An srun
+ *       that only inherits the option from sbatch is not handed over: its job
+ *       is requeued as a whole, as before.  If the hand-over fails, srun runs
+ *       on without step retry (logged).
+ *
  * plugstack.conf arguments (all optional, each at most once):
  *   statedir=/abs/dir         where slurmstepd writes marker files
+ *   step_helper=/abs/path     the hyperpod command, for step retry
  *   checkpoint_root=/abs/dir  parent of HYPERPOD_CHECKPOINT_DIR, or
  *   checkpoint_root=s3://bucket[/prefix]  (an object store)
  *   max=M                     largest accepted N (default 1000)
@@ -56,15 +68,20 @@ SPANK_PLUGIN(auto_resume, 1);
 /* ... as the job sees it, and as tasks get it along with the directory */
 #define AR_KEY_JOB_ENV "SLURM_SPANK_" AR_KEY_ENV
 #define AR_KEY_TASK_ENV "HYPERPOD_CHECKPOINT_JOB_KEY"
+#define AR_WRAPPED_ENV "HYPERPOD_STEP_WRAPPED"	/* set by the step-retry helper */
+#define AR_BUDGET_ENV "HYPERPOD_STEP_AUTO_RESUME"
+#define AR_CMDLINE_MAX 65536
+#define AR_ARGS_MAX 1024
 
 struct ar_config {
 	char statedir[PATH_MAX];	/* "" = write no marker */
 	char checkpoint_root[PATH_MAX];	/* "" = leave HYPERPOD_CHECKPOINT_DIR */
+	char step_helper[PATH_MAX];	/* "" = no step retry hand-over */
 	long max;
 	long bare;
 };
 
-static struct ar_config cfg = { "", "", AR_DEFAULT_MAX, AR_DEFAULT_BARE };
+static struct ar_config cfg = { "", "", "", AR_DEFAULT_MAX, AR_DEFAULT_BARE };
 
 /* The option value, kept from the callback: spank_option_getopt() is not
  * available in allocator context after option processing. -1 = not given. */
@@ -198,11 +215,14 @@ static int ar_parse_root(const char *arg, const char *val, char *dst, size_t len
 	return 0;
 }
 
-enum ar_key { AR_STATEDIR, AR_CHECKPOINT_ROOT, AR_MAX, AR_DEFAULT, AR_NKEYS };
+enum ar_key {
+	AR_STATEDIR, AR_CHECKPOINT_ROOT, AR_STEP_HELPER, AR_MAX, AR_DEFAULT, AR_NKEYS
+};
 
 static const char *const ar_keys[AR_NKEYS] = {
 	[AR_STATEDIR] = "statedir",
 	[AR_CHECKPOINT_ROOT] = "checkpoint_root",
+	[AR_STEP_HELPER] = "step_helper",
 	[AR_MAX] = "max",
 	[AR_DEFAULT] = "default",
 };
@@ -224,7 +244,7 @@ static int ar_find_key(const char *arg, size_t klen)
  */
 static int ar_parse_args(int ac, char **av)
 {
-	struct ar_config c = { "", "", AR_DEFAULT_MAX, AR_DEFAULT_BARE };
+	struct ar_config c = { "", "", "", AR_DEFAULT_MAX, AR_DEFAULT_BARE };
 	int seen[AR_NKEYS] = { 0 };
 	int i;
 
@@ -235,7 +255,8 @@ static int ar_parse_args(int ac, char **av)
 
 		if (key < 0) {
 			ar_error("parse plugstack argument '%s': unknown key (known: "
-				 "statedir=, checkpoint_root=, max=, default=)", arg);
+				 "statedir=, checkpoint_root=, step_helper=, max=, "
+				 "default=)", arg);
 			return -1;
 		}
 		if (!eq) {
@@ -251,6 +272,10 @@ static int ar_parse_args(int ac, char **av)
 		switch (key) {
 		case AR_STATEDIR:
 			bad = ar_parse_path(arg, eq + 1, c.statedir, sizeof(c.statedir));
+			break;
+		case AR_STEP_HELPER:
+			bad = ar_parse_path(arg, eq + 1, c.step_helper,
+					    sizeof(c.step_helper));
 			break;
 		case AR_CHECKPOINT_ROOT:
 			bad = ar_parse_root(arg, eq + 1, c.checkpoint_root,
@@ -526,6 +551,82 @@ static int ar_remote_post_opt(spank_t sp)
 	return 0;
 }
 
+/*
+ * srun's own command line (/proc/self/cmdline: NUL-separated words) into buf,
+ * its words into args[first..]; returns the word count, -1 on error.
+ */
+static int ar_cmdline(char *buf, size_t len, char **args, int first, int max)
+{
+	FILE *f = fopen("/proc/self/cmdline", "r");
+	size_t n, i;
+	int argc = 0;
+
+	if (!f)
+		return -1;
+	n = fread(buf, 1, len - 1, f);
+	fclose(f);
+	if (n == 0 || n == len - 1)	/* empty, or too long to hand over whole */
+		return -1;
+	buf[n] = '\0';
+	for (i = 0; i < n && first + argc < max - 1; i += strlen(buf + i) + 1)
+		args[first + argc++] = buf + i;
+	if (i < n)
+		return -1;
+	args[first + argc] = NULL;
+	return argc;
+}
+
+static int ar_typed_by_user(char *const *args, int argc)
+{
+	int i;
+
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(args[i], "--"))
+			break;
+		if (!strcmp(args[i], "--" AR_OPTION) ||
+		    !strncmp(args[i], "--" AR_OPTION "=", strlen(AR_OPTION) + 3))
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * Local context: an srun with --auto-resume typed on its own command line,
+ * inside an allocation, becomes "<step_helper> step-retry -- <srun ...>".
+ * Returns only when it does not hand over (or the exec failed: logged).
+ */
+static void ar_hand_over(void)
+{
+	static char buf[AR_CMDLINE_MAX];
+	static char *args[AR_ARGS_MAX];
+	char val[32];
+	int argc;
+
+	if (!cfg.step_helper[0] || ar_value <= 0 || !getenv("SLURM_JOB_ID") ||
+	    getenv(AR_WRAPPED_ENV))
+		return;
+	args[0] = "hyperpod";
+	args[1] = "step-retry";
+	args[2] = "--";
+	argc = ar_cmdline(buf, sizeof(buf), args, 3, AR_ARGS_MAX);
+	if (argc < 0) {
+		ar_error("hand srun over to %s: cannot read its command line; "
+			 "running the step without step retry", cfg.step_helper);
+		return;
+	}
+	if (!ar_typed_by_user(args + 3, argc))
+		return;
+	snprintf(val, sizeof(val), "%ld", ar_value);
+	if (setenv(AR_BUDGET_ENV, val, 1) < 0) {
+		ar_error("set %s: %s", AR_BUDGET_ENV, strerror(errno));
+		return;
+	}
+	execv(cfg.step_helper, args);
+	ar_error("hand srun over to %s: %s; running the step without step retry",
+		 cfg.step_helper, strerror(errno));
+	unsetenv(AR_BUDGET_ENV);
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_err_t err;
@@ -560,6 +661,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 	if (ar_parse_args(ac, av))
 		return -1;
+	if (spank_context() == S_CTX_LOCAL)
+		ar_hand_over();
 	switch (spank_context()) {
 	case S_CTX_ALLOCATOR:
 	case S_CTX_LOCAL:

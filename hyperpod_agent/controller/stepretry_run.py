@@ -27,6 +27,8 @@ out: it is faulty.
 from __future__ import annotations
 
 import logging
+import os
+import pwd
 import time
 from collections.abc import Callable
 from typing import Any
@@ -49,6 +51,9 @@ ENDED = frozenset(
      "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 )  # fmt: skip
 STEPS = ("drain", "shrink", "expand", "absorb")
+# The spare's reservation outlives the allocation wait by this much, so one a crash
+# left behind expires by itself even if no controller deletes it.
+RESERVATION_SLACK_MIN = 10
 
 
 class SurgeryFailed(Exception):
@@ -107,6 +112,17 @@ class StepRetryRunner:
             self.store.add_event("step_retry_orphan", message, now, cause=why)
             log.warning("%s", message)
             cancelled += 1
+        for resv in self.slurm.reservations():
+            parent_id = resv.name[len(EXPAND_PREFIX) :]
+            if not resv.name.startswith(EXPAND_PREFIX) or (
+                parent_id.isdigit() and int(parent_id) in owned
+            ):
+                continue
+            if self.slurm.delete_reservation(resv.name):
+                message = f"step retry: reservation {resv.name} deleted: no surgery owns it"
+                self.store.add_event("step_retry_orphan", message, now, cause="no surgery")
+                log.warning("%s", message)
+                cancelled += 1
         return cancelled
 
     # -- the phases -----------------------------------------------------------------
@@ -173,14 +189,22 @@ class StepRetryRunner:
         spare = nodes.get(run.spare)
         if spare is None:
             raise SurgeryFailed(f"spare {run.spare} is no longer in Slurm")
+        wait = self.config.auto_resume.step_retry_wait_s
         if spare.reason.strip() == SPARE:
+            # Held for this job first: a job waiting for nodes would otherwise take the
+            # spare between its resume and the helper allocation (Slurm schedules on
+            # the resume), and the retry would wait for that job to end.
+            if all(r.name != run.helper_name for r in self.slurm.reservations()):
+                minutes = int(wait // 60) + RESERVATION_SLACK_MIN
+                self.slurm.create_maint_reservation(run.helper_name, [run.spare], minutes, [_me()])
             self.slurm.resume(run.spare)  # leaves the pool, as the replace path does
         elif spare.drained:
             raise SurgeryFailed(
                 f"spare {run.spare} was taken since: its reason is {spare.reason!r}"
             )
-        wait = self.config.auto_resume.step_retry_wait_s
-        return self.slurm.allocate_expansion(run.job_id, run.spare, wait)
+        held = any(r.name == run.helper_name for r in self.slurm.reservations())
+        reservation = run.helper_name if held else None
+        return self.slurm.allocate_expansion(run.job_id, run.spare, wait, reservation)
 
     def _absorb(self, run: StepRetry, jobs: dict[int, Job]) -> list[str]:
         job = jobs[run.job_id]
@@ -196,7 +220,16 @@ class StepRetryRunner:
         helper = jobs.get(run.helper_id or -1)
         if helper is not None and helper.state.upper() not in ENDED:
             self.slurm.cancel(helper.job_id)  # without nodes now: nothing of the job's goes
+        self._unreserve(run)  # the spare is the job's now
         return list(job.nodes)
+
+    def _unreserve(self, run: StepRetry) -> None:
+        """Delete the spare's reservation; a failure (the helper still completing) is
+        left to the orphan sweep of a later pass, never fails the surgery."""
+        try:
+            self.slurm.delete_reservation(run.helper_name)
+        except SlurmError as exc:
+            log.info("step retry %d: reservation %s kept for now: %s", run.id, run.helper_name, exc)
 
     # -- bookkeeping ----------------------------------------------------------------
     def _advanced(self, run: StepRetry, update: dict[str, Any], took: float, now: float) -> None:
@@ -255,6 +288,7 @@ class StepRetryRunner:
         for j in jobs.values():
             if j.name == run.helper_name and j.state.upper() not in ENDED:
                 self.slurm.cancel(j.job_id)
+        self._unreserve(run)
         job = jobs.get(run.job_id)
         running = job is not None and job.state.upper() == "RUNNING"
         spare = {n.name: n for n in self.slurm.list_nodes()}.get(run.spare)
@@ -295,3 +329,12 @@ class StepRetryRunner:
     def _event(self, kind: str, run: StepRetry, what: str) -> EventIn:
         message = f"step retry {run.id} of job {run.job_id} step {run.step_id}: {what}"
         return EventIn(kind, message, run.bad_node, run.job_id, "step retry")
+
+
+def _me() -> str:
+    """Who runs this controller: the user the spare's reservation admits (the helper
+    allocation is ours)."""
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        return "root"

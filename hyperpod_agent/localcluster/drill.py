@@ -79,15 +79,17 @@ def submit_training(
     extra: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     train_args: tuple[str, ...] = (),
+    script: str = "train.sbatch",
 ) -> tuple[int, Path]:
-    """sbatch examples/train.sbatch on 2 nodes; returns (job id, output file).
-    ``extra`` goes to sbatch, ``train_args`` to train_toy.py."""
+    """sbatch examples/``script`` (train.sbatch: the job requeued as a whole;
+    train_in_place.sbatch: the step retried inside the job) on 2 nodes; returns (job
+    id, output file). ``extra`` goes to sbatch, ``train_args`` to train_toy.py."""
     out = cluster.dir / "out" / f"train-{time.time_ns()}.out"
     argv = ["sbatch", "--parsable", "-o", str(out), *extra]
     if auto_resume is not None:
         argv.append(f"--auto-resume={auto_resume}")
     argv += [
-        str(EXAMPLES / "train.sbatch"),
+        str(EXAMPLES / script),
         "--steps",
         str(steps),
         "--step-time",
@@ -101,6 +103,8 @@ def submit_training(
         **cluster.env,
         "PATH": f"{Path(sys.executable).parent}:{cluster.env['PATH']}",
         "TRAIN_SCRIPT": str(EXAMPLES / "train_toy.py"),
+        # where the step-retry helper inside the job finds the controller
+        "HYPERPOD_LOCAL_CLUSTER_DIR": str(cluster.dir),
         **(env or {}),
     }
     res = subprocess.run(

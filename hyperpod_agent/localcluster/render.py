@@ -4,6 +4,7 @@ job_submit.lua and the hook scripts. No I/O here; ``cluster.py`` writes them."""
 from __future__ import annotations
 
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,8 +133,12 @@ def plugstack_conf(shape: Shape) -> str:
     d = shape.dir
     # 'required': a plugin that fails to load makes sbatch/srun/slurmd fail loudly
     # instead of silently losing --auto-resume.
+    # step_helper: the hyperpod command of the Python that runs the cluster (its venv),
+    # which an srun --auto-resume inside a job hands itself over to.
+    helper = Path(sys.executable).parent / "hyperpod"
     return (
-        f"required {d}/lib/auto_resume.so statedir={d}/autoresume checkpoint_root={d}/checkpoints\n"
+        f"required {d}/lib/auto_resume.so statedir={d}/autoresume "
+        f"checkpoint_root={d}/checkpoints step_helper={helper}\n"
     )
 
 

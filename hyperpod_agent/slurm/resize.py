@@ -46,15 +46,20 @@ class ResizeCalls(SlurmCalls):
         argv = ["scontrol", "update", f"jobid={jid}", f"NodeList={hostlist}"]
         self._change(argv, "shrink", f"job {jid}", hostlist)
 
-    def allocate_expansion(self, job_id: int, node: str, wait_s: int) -> int:
-        """A helper allocation of ``node`` that may be merged into ``job_id``; its job
-        id. Gives up after ``wait_s`` seconds when the node is not free (SlurmError)."""
+    def allocate_expansion(
+        self, job_id: int, node: str, wait_s: int, reservation: str | None = None
+    ) -> int:
+        """A helper allocation of ``node`` that may be merged into ``job_id`` (inside
+        ``reservation`` when the node is held in one); its job id. Gives up after
+        ``wait_s`` seconds when the node is not free (SlurmError)."""
         jid = check_job(job_id)
         argv = [
             "salloc", "--no-shell", "-N1", f"--nodelist={check_name(node, 'node name')}",
             f"--immediate={max(int(wait_s), 1)}", f"--dependency=expand:{jid}",
             f"--job-name={EXPAND_PREFIX}{jid}",
         ]  # fmt: skip
+        if reservation:
+            argv.append(f"--reservation={check_name(reservation)}")
         proc = self._exec(argv, float(wait_s) + 15.0)
         out = f"{proc.stdout}\n{proc.stderr}"
         rc = proc.returncode

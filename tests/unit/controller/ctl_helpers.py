@@ -265,10 +265,12 @@ class FakeSlurm:
         if n.state in ("ALLOCATED", "MIXED"):
             self.nodes[name] = replace(n, state="IDLE")
 
-    def allocate_expansion(self, job_id: int, node: str, wait_s: int) -> int:
+    def allocate_expansion(
+        self, job_id: int, node: str, wait_s: int, reservation: str | None = None
+    ) -> int:
         """A helper allocation named ``hyperpod-expand-J``: PENDING, then RUNNING on
         ``node`` when it is free; revoked (gone from the queue) when it is not."""
-        self.calls.append(("expand", job_id, node))
+        self.calls.append(("expand", job_id, node, reservation))
         helper = max(self.jobs, default=0) + 1
         name = f"hyperpod-expand-{job_id}"
         self.jobs[helper] = Job(job_id=helper, name=name, state="PENDING")

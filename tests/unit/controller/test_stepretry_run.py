@@ -82,14 +82,23 @@ def test_the_surgery_merges_the_spare_into_the_same_running_job(store: Store) ->
     assert (job.state, job.nodes, job.restart_count) == ("RUNNING", ("node1", "node3", "node5"), 0)
     assert slurm.nodes["node2"].reason == REASON and slurm.nodes["node2"].drained
     assert not slurm.nodes["node5"].drained  # out of the pool, in the job
+    # the spare is reserved for the job before it leaves the pool: a job waiting for
+    # nodes cannot take it between its resume and the helper allocation
     assert [c[0] for c in slurm.calls] == [
         "drain",
         "shrink",
+        "create_reservation",
         "resume",
         "expand",
         "absorb",
         "cancel",
+        "delete_reservation",
     ]
+    assert ("create_reservation", "hyperpod-expand-12", ("node5",)) in slurm.calls
+    assert [c for c in slurm.calls if c[0] == "expand"] == [
+        ("expand", 12, "node5", "hyperpod-expand-12")
+    ]
+    assert slurm.resv == {}
     assert live_helpers(slurm) == []
     kinds = [e.kind for e in store.events(job_id=12)]
     assert kinds == [
@@ -249,3 +258,19 @@ def test_the_same_failed_attempt_records_one_surgery(store: Store) -> None:
     event = EventIn("step_retry_planned", "again", "node2", 12, "test")
     assert store.add_step_retry(12, "0", 1, 3, PLAN, "test", NOW, event) == (run_id, False)
     assert len(store.events(job_id=12)) == 1
+
+
+def test_an_expansion_refused_gives_the_reservation_back(store: Store) -> None:
+    slurm = fake()
+    slurm.fail_next["expand"] = 1
+    start(store)
+    runner(store, slurm).advance(NOW + 1)
+    assert slurm.resv == {} and slurm.nodes["node5"].reason == "hyperpod:spare"
+
+
+def test_a_reservation_nobody_owns_is_deleted(store: Store) -> None:
+    slurm = fake()
+    slurm.create_maint_reservation("hyperpod-expand-12", ["node5"], 10, ["root"])
+    runner(store, slurm).advance(NOW)
+    assert slurm.resv == {}
+    assert [e.kind for e in store.events()] == ["step_retry_orphan"]

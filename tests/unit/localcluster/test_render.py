@@ -1,3 +1,4 @@
+import sys
 from pathlib import Path
 
 from hyperpod_agent.localcluster import render
@@ -46,6 +47,8 @@ def test_plugstack_loads_the_plugin_with_strict_arguments() -> None:
     line = render.plugstack_conf(shape())
     assert line.startswith("required /x/c/lib/auto_resume.so ")
     assert "statedir=/x/c/autoresume" in line
+    # an srun --auto-resume inside a job hands over to this Python's hyperpod command
+    assert f"step_helper={Path(sys.executable).parent / 'hyperpod'}" in line.split()
 
 
 def test_job_submit_copies_auto_resume_to_admin_comment() -> None:
