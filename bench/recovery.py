@@ -1,9 +1,14 @@
 """Fault -> drained -> requeued -> running again -> first new step, side by side.
 
-Three ways to recover the same 2-node training job (examples/train.sbatch), each on
-its own local cluster, in one run:
+Ways to recover the same 2-node training job, each on its own local cluster, in one
+run:
 
+  step-retry      controller + agents, a spare ready; examples/train_in_place.sbatch,
+                  whose step runs under srun --auto-resume=1: the step ends, the node
+                  goes out, the spare is merged into the same job and the step runs
+                  again (no requeue: "requeued" stays empty); XID 79 as below;
   hyperpod        controller + agents, a spare ready, cred_expire=5 (Slurm's minimum);
+                  examples/train.sbatch with sbatch --auto-resume=1 (job-level requeue);
                   the fault: XID 79 injected into the fake GPU scenario of one of the
                   job's nodes (the GPU is gone; Slurm alone never notices);
   native-tuned    no hyperpod services, `sbatch --requeue`, one of the job's nodes
@@ -13,16 +18,22 @@ its own local cluster, in one run:
                   cred_expire=120); these faults are injected in parallel on separate
                   jobs (each ~10 minutes), the others one after another.
 
+With --busy the two hyperpod modes run again on a busy cluster: before each fault a
+job that wants more whole nodes than are free (sbatch --exclusive, sleeping
+--busy-hold-s) waits in the same partition, as a full cluster's queue would. A
+requeued job queues behind it; a step retried in place never leaves its allocation.
+
 Prints medians (and p90) per phase and the ratios native / hyperpod.
 
     .venv/bin/python bench/recovery.py                  # 10 faults per mode
-    .venv/bin/python bench/recovery.py --runs 3 --skip-default
+    .venv/bin/python bench/recovery.py --runs 10 --skip-default --busy
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -38,7 +49,7 @@ BASE = Path("/var/tmp/hyperpod-bench-recovery")
 
 
 def _job_on_two(
-    cluster: LocalCluster, native: bool, tag: str, steps: int = 400
+    cluster: LocalCluster, native: bool, tag: str, steps: int = 400, in_place: bool = False
 ) -> tuple[int, Path, str]:
     env = {"HYPERPOD_CHECKPOINT_DIR": str(cluster.dir / "checkpoints" / tag)} if native else None
     job_id, out = drill.submit_training(
@@ -46,9 +57,10 @@ def _job_on_two(
         steps=steps,
         step_time=0.25,
         ckpt_every=5,
-        auto_resume=None if native else 1,
+        auto_resume=None if native or in_place else 1,
         extra=("--requeue", "--exclusive") if native else (),
         env=env,
+        script="train_in_place.sbatch" if in_place else "train.sbatch",
     )
     drill.wait_for(
         f"job {job_id} at step 6",
@@ -60,22 +72,75 @@ def _job_on_two(
     return job_id, out, sorted(job.nodes)[-1]
 
 
-def hyperpod_runs(runs: int) -> list[drill.Timeline]:
-    cluster = LocalCluster(BASE / "hyperpod", nodes=4, spares=1, port_base=21517)
+def hyperpod_runs(runs: int, in_place: bool, busy_s: float = 0.0) -> list[drill.Timeline]:
+    """XID 79 on one node of the job; the job requeued, or (``in_place``) its step
+    retried inside it. ``busy_s``: a job that wants more than the free nodes waits
+    (for that long once it runs) before each fault."""
+    name = ("step-retry" if in_place else "hyperpod") + ("-busy" if busy_s else "")
+    port = {"hyperpod": 21517, "step-retry": 21617}[name.removesuffix("-busy")]
+    cluster = LocalCluster(BASE / name, nodes=4, spares=1, port_base=port + (50 if busy_s else 0))
     cluster.up(timeout=60, services=True)
     timelines = []
     try:
         for i in range(runs):
             drill.reset_cluster(cluster)
-            job_id, out, victim = _job_on_two(cluster, native=False, tag=f"hp{i}")
+            job_id, out, victim = _job_on_two(
+                cluster, native=False, tag=f"hp{i}", in_place=in_place
+            )
+            if busy_s:
+                _busy(cluster, busy_s)
             fault_at = drill.inject_xid(cluster, victim)
-            tl = drill.follow_recovery(cluster, job_id, victim, fault_at, out, timeout=300)
-            print(f"  hyperpod xid79 #{i + 1}: {tl.offsets()}", flush=True)
+            if in_place:
+                tl = _follow_step_retry(cluster, job_id, victim, fault_at, out)
+            else:
+                tl = drill.follow_recovery(cluster, job_id, victim, fault_at, out, timeout=600)
+            print(f"  {name} xid79 #{i + 1}: {tl.offsets()}", flush=True)
             timelines.append(tl)
             SlurmClient(slurm_conf=cluster.slurm_conf).cancel(job_id)
     finally:
         cluster.down()
     return timelines
+
+
+def _busy(cluster: LocalCluster, hold_s: float) -> int:
+    """A job wanting one whole node more than are free: it waits, first in line."""
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
+    free = len(cluster.nodes) - 2
+    res = subprocess.run(
+        ["sbatch", "--parsable", "--exclusive", f"-N{free + 1}", "-o", "/dev/null",
+         "--wrap", f"sleep {hold_s:g}"],
+        capture_output=True, text=True, timeout=30, env=cluster.env, check=True,
+    )  # fmt: skip
+    job_id = int(res.stdout.strip().split(";")[0])
+    drill.wait_for(
+        "the competing job to wait", 30, lambda: (j := slurm.job(job_id)) and j.state == "PENDING"
+    )
+    return job_id
+
+
+def _follow_step_retry(
+    cluster: LocalCluster, job_id: int, victim: str, fault_at: float, out: Path
+) -> drill.Timeline:
+    """The step's second launch: the node out, the step running again (its rank 0's
+    first line), its first new step. The job is never requeued."""
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
+    tl = drill.Timeline(fault_at)
+    deadline = time.monotonic() + 300
+    while tl.first_new_step_at is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id}: no new step within 300 s ({tl.offsets()})")
+        if tl.drained_at is None and drill.out_of_service(slurm, victim):
+            tl.drained_at = time.time()
+        attempts = drill.parse_train_log(out.read_text()).attempts
+        if len(attempts) >= 2:
+            tl.running_again_at = attempts[1].started_at
+            tl.new_nodes = tuple(attempts[1].nodes.split(","))
+            if attempts[1].steps:
+                tl.first_new_step_at = attempts[1].steps[0][1]
+        time.sleep(0.1)
+    job = slurm.job(job_id)
+    assert job is not None and job.restart_count == 0, job
+    return tl
 
 
 def native_runs(runs: int, default: bool) -> list[drill.Timeline]:
@@ -141,20 +206,27 @@ def main() -> int:
     )
     ap.add_argument(
         "--only",
-        choices=["hyperpod", "native-tuned", "native-default"],
+        choices=["step-retry", "hyperpod", "native-tuned", "native-default"],
         help="run one family of modes (the ratios need the hyperpod figures)",
     )
+    ap.add_argument("--busy", action="store_true", help="the hyperpod modes on a busy cluster too")
+    ap.add_argument("--busy-hold-s", type=float, default=60.0, help="the competing job's run")
     args = ap.parse_args()
     modes: dict[str, Callable[[], list[drill.Timeline]]] = {
-        "hyperpod xid79 (cred_expire 5)": lambda: hyperpod_runs(args.runs),
+        "step-retry xid79 (srun --auto-resume)": lambda: hyperpod_runs(args.runs, True),
+        "hyperpod xid79 (cred_expire 5)": lambda: hyperpod_runs(args.runs, False),
         "native-tuned slurmd killed (6/3, cred_expire 5)": lambda: native_runs(args.runs, False),
     }
+    if args.busy:
+        hold = args.busy_hold_s
+        modes["step-retry xid79, busy cluster"] = lambda: hyperpod_runs(args.runs, True, hold)
+        modes["hyperpod xid79, busy cluster"] = lambda: hyperpod_runs(args.runs, False, hold)
     if not args.skip_default:
         modes["native-default slurmd killed (300/10, cred_expire 120)"] = lambda: native_runs(
             args.runs, True
         )
     if args.only:
-        modes = {k: v for k, v in modes.items() if k.startswith(args.only + " ")}
+        modes = {k: v for k, v in modes.items() if k.split(" ")[0] == args.only}
     results: dict[str, dict[str, tuple[float, float]]] = {}
     # The default timeouts make a recovery take ~10 minutes of waiting: that mode runs
     # on its own cluster in a background thread while the others run one by one.
@@ -183,9 +255,9 @@ def main() -> int:
     base = results.get("hyperpod xid79 (cred_expire 5)")
     if base is None:
         return 0
-    print("\nratio native / hyperpod, fault -> running again and -> first new step:")
+    print("\nratio to hyperpod's requeue, fault -> running again and -> first new step:")
     for label, res in results.items():
-        if label.startswith("native"):
+        if label != "hyperpod xid79 (cred_expire 5)":
             ratios = [
                 f"{res[p][0] / base[p][0]:.1f}x"
                 for p in ("running_again", "first_new_step")

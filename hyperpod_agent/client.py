@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +282,7 @@ class ControllerClient:
         attempt: int,
         auto_resume: int,
         cancelled: bool = False,
+        started_at: float | None = None,
     ) -> Any:
         """``POST /v1/steps/retry``: a failed ``--auto-resume`` step asks what to do;
         RETRYSTEP comes with a surgery id to poll with :meth:`step_retry_state`."""
@@ -293,6 +295,8 @@ class ControllerClient:
             "auto_resume": auto_resume,
             "cancelled": cancelled,
         }
+        if started_at is not None:
+            body["started_at"] = datetime.fromtimestamp(started_at, UTC).isoformat()
         return self.request("POST", "/v1/steps/retry", body)
 
     def step_watch(self, job_id: int, step_id: str, attempt: int, nodelist: str) -> Any:

@@ -32,10 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import IO, Any, Protocol
 
 import click
 
+from hyperpod_agent.client import ControllerError, ControllerUnreachable
 from hyperpod_agent.errors import HyperpodError, SlurmParseError
 from hyperpod_agent.slurm.hostlist import compress_hostlist, expand_hostlist
 
@@ -64,6 +66,7 @@ class Controller(Protocol):
         attempt: int,
         auto_resume: int,
         cancelled: bool = False,
+        started_at: float | None = None,
     ) -> Any: ...
 
     def step_retry_state(self, retry_id: int) -> Any: ...
@@ -95,6 +98,7 @@ class Launch:
     cancelled_seen: bool = False  # slurmstepd's CANCELLED line went by
     ended_by_us: str = ""  # the controller's cause, when the helper ended the step
     interrupted: bool = False  # the helper itself was signalled (job cancelled, Ctrl-C)
+    started_at: float = 0.0  # epoch seconds when srun was started
 
 
 @dataclass
@@ -105,6 +109,7 @@ class StepRetry:
     env: dict[str, str]
     controller: Controller
     wait_s: float = 600.0
+    reach_s: float = 60.0  # how long an unreachable controller (a restart) is retried
     poll_s: float = 1.0
     say: Callable[[str], None] = field(default=lambda m: print(f"{PREFIX}: {m}", file=sys.stderr))
     _child: subprocess.Popen[bytes] | None = None
@@ -150,7 +155,7 @@ class StepRetry:
         nodes = self._nodelist()
         if "HYPERPOD_RDZV_HOST" not in env and nodes:
             env["HYPERPOD_RDZV_HOST"] = _first(nodes)
-        launch = Launch()
+        launch = Launch(started_at=time.time())
         try:
             child = subprocess.Popen(self.argv, env=env, stderr=subprocess.PIPE)
         except OSError as exc:
@@ -213,14 +218,17 @@ class StepRetry:
         rendezvous host) to retry with, or None (the failure stands)."""
         cancelled = launch.cancelled_seen and not launch.ended_by_us
         try:
-            out = self.controller.step_retry(
-                self.job_id,
-                self.step_id,
-                min(launch.code, 255),
-                self._nodelist(),
-                attempt,
-                self.budget,
-                cancelled,
+            out = self._reach(
+                lambda: self.controller.step_retry(
+                    self.job_id,
+                    self.step_id,
+                    min(launch.code, 255),
+                    self._nodelist(),
+                    attempt,
+                    self.budget,
+                    cancelled,
+                    launch.started_at,
+                )
             )
             deadline = time.monotonic() + self.wait_s
             while _valid(out) and out["decision"] == "RETRYSTEP" and not out["done"]:
@@ -231,7 +239,7 @@ class StepRetry:
                     )
                     return None
                 time.sleep(self.poll_s)
-                out = self.controller.step_retry_state(int(out["id"]))
+                out = self._reach(partial(self.controller.step_retry_state, int(out["id"])))
         except HyperpodError as exc:
             self.say(
                 f"could not ask the controller whether to retry ({exc}); the step fails "
@@ -254,6 +262,24 @@ class StepRetry:
             self.say(f"the controller's node list {out.get('nodelist')!r} is malformed")
             return None
         return nodes, nnodes, str(out.get("rdzv_host") or _first(nodes))
+
+    def _reach(self, request: Callable[[], Any]) -> Any:
+        """``request()``, sent again while no controller can be reached (one restarting,
+        a standby taking over), for at most ``reach_s``. Both requests are safe to
+        repeat: the same failed attempt always finds the same surgery."""
+        deadline = time.monotonic() + self.reach_s
+        said = False
+        while True:
+            try:
+                return request()
+            except (ControllerUnreachable, ControllerError) as exc:
+                passing = isinstance(exc, ControllerUnreachable) or exc.status in (502, 503, 504)
+                if not passing or time.monotonic() >= deadline:
+                    raise
+                if not said:
+                    self.say(f"no controller answers ({exc}); trying for {self.reach_s:g} s")
+                    said = True
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 
     # -- signals ----------------------------------------------------------------------
     def forward(self, signum: int, _frame: object) -> None:
@@ -293,11 +319,11 @@ def _copy(stream: IO[bytes], launch: Launch) -> None:
         out.flush()
 
 
-def main(argv: Sequence[str], controller: Controller, wait_s: float) -> int:
+def main(argv: Sequence[str], controller: Controller, wait_s: float, reach_s: float) -> int:
     """Run the srun command line ``argv`` with step retry; srun's exit code."""
     if not argv:
         raise UsageError("give the srun command line after '--'")
-    helper = StepRetry(list(argv), dict(os.environ), controller, wait_s=wait_s)
+    helper = StepRetry(list(argv), dict(os.environ), controller, wait_s=wait_s, reach_s=reach_s)
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, helper.forward)
     return helper.run()
@@ -311,8 +337,15 @@ def main(argv: Sequence[str], controller: Controller, wait_s: float) -> int:
     show_default=True,
     help="Longest wait for the new allocation after a RETRYSTEP answer.",
 )
+@click.option(
+    "--reach-s",
+    type=click.FloatRange(0, 3600),
+    default=60.0,
+    show_default=True,
+    help="How long to keep trying a controller that cannot be reached (a restart).",
+)
 @click.argument("srun", nargs=-1, type=click.UNPROCESSED, required=True)
-def step_retry(wait_s: float, srun: tuple[str, ...]) -> None:
+def step_retry(wait_s: float, reach_s: float, srun: tuple[str, ...]) -> None:
     """Run SRUN (an srun command line, after '--') and retry it inside the same job
     when the controller says a node fault ended it (RETRYSTEP). Exits with srun's code.
     The SPANK plugin calls this for srun --auto-resume inside an allocation."""
@@ -320,7 +353,7 @@ def step_retry(wait_s: float, srun: tuple[str, ...]) -> None:
 
     try:
         controller = make_client(None, None, None, None)
-        code = main(srun, controller, wait_s)
+        code = main(srun, controller, wait_s, reach_s)
     except UsageError as exc:
         click.echo(f"{PREFIX}: {exc}", err=True)
         sys.exit(2)

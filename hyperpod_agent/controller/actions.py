@@ -63,7 +63,7 @@ class Executor:
         self.slurm = slurm
         self.provider = provider
         self.config = config
-        self._crash_hook = crash_hook if crash_hook is not None else _crash_from_env
+        self._crash_hook = crash_hook if crash_hook is not None else crash_from_env
         # Called while a long provider command runs (the systemd watchdog ping).
         self.keepalive: Keepalive | None = None
         # The leader's lease while a pass runs with [ha]: every intent write is fenced
@@ -443,7 +443,8 @@ def _row_target(row: ActionRow) -> str:
     return f"job {row.job_id}" if row.job_id is not None else str(row.node)
 
 
-def _crash_from_env(point: str) -> None:
+def crash_from_env(point: str) -> None:
+    """The test hook: exit abruptly at ``point`` when CRASH_AT (or CRASH_ENV) names it."""
     wanted = os.environ.get(CRASH_AT_ENV) or ("intent" if os.environ.get(CRASH_ENV) == "1" else "")
     if wanted and (point == wanted or point.startswith(wanted + ":")):
         log.critical("%s=%s: exiting abruptly", CRASH_AT_ENV, point)

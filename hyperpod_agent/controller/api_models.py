@@ -279,6 +279,9 @@ class StepFailureIn(BaseModel):
     attempt: int = Field(ge=1, le=1000, description="the attempt that failed; 1 = first launch")
     auto_resume: int = Field(ge=0, le=1000, description="--auto-resume=N (0: not given)")
     cancelled: bool = False
+    started_at: datetime | None = Field(
+        default=None, description="when the failed launch began: older faults are not its"
+    )
 
     @field_validator("nodelist")
     @classmethod

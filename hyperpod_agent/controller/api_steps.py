@@ -169,8 +169,8 @@ def _watch(controller: Controller, job: Job, body: StepWatchIn, who: str) -> Ste
     now = controller.clock()
     nodes = [n for n in expand_hostlist(body.nodelist) if n in job.nodes]
     snap = Snapshot(nodes=controller.nodes, jobs=[job], open_faults=store.open_faults())
-    window = controller.config.auto_resume.fault_window_s
-    causes = [found[0] for n in nodes if (found := attributable(n, snap, now, window))]
+    since = now - controller.config.auto_resume.fault_window_s  # open faults only here
+    causes = [found[0] for n in nodes if (found := attributable(n, snap, since))]
     end = bool(causes) and job.state.upper() == "RUNNING"
     cause = "; ".join(causes) if end else ""
     end_at = store.watch_step(job.job_id, body.step_id, body.attempt, now, WATCH_TTL_S, end=end)
@@ -207,6 +207,7 @@ def add_step_routes(
             body.attempt,
             body.auto_resume,
             body.cancelled,
+            body.started_at.timestamp() if body.started_at is not None else None,
         )
         out = _decide(controller, job, failure, describe(who))
         response.status_code = 202 if out.decision == "RETRYSTEP" and not out.done else 200

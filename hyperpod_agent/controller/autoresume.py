@@ -61,10 +61,13 @@ def _faulty_nodes(
     view for minutes, and a fault that turns up on its node long after it failed did
     not cause the failure (nor may it resurrect the job)."""
     end = job.end_time.timestamp() if job.end_time is not None else now
+    # A fault the node was over before the job (this run of it) started did not end it.
+    start = job.start_time.timestamp() if job.start_time is not None else end - window
 
     def near(f: FaultRow) -> bool:
         during = f.first_seen <= end + window
-        return during and (f.closed_at is None or f.last_seen >= end - window) and _serious(f)
+        since = max(end - window, start)
+        return during and (f.closed_at is None or f.last_seen >= since) and _serious(f)
 
     bad = []
     for name in job.nodes:

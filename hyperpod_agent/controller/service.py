@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.actions import Executor
+from hyperpod_agent.controller.actions import Executor, crash_from_env
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
 from hyperpod_agent.controller.deepcheck_run import CheckRunner
@@ -92,7 +92,10 @@ class Controller(Ingest):
         self.checks = CheckRunner(
             store, slurm, config.deep_checks, (config.slurm_user,), self._escalate
         )
-        self.steps = StepRetryRunner(store, slurm, config)
+        # the same test-only hook as the executor's, at "step_retry:<phase>" (done)
+        self.steps = StepRetryRunner(
+            store, slurm, config, crash_hook=lambda phase: crash_from_env(f"step_retry:{phase}")
+        )
         # Held from the snapshot to the executor's last action of a pass, and while a
         # step retry is decided and recorded: the policy never plans against a view
         # that misses a surgery, nor a surgery against a pass's half-applied plan.

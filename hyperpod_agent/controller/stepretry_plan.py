@@ -47,6 +47,7 @@ class StepFailure:
     attempt: int  # the attempt that failed, 1 for the first launch
     budget: int  # --auto-resume=N (0: not given)
     cancelled: bool = False  # the user cancelled the step (scancel)
+    started_at: float | None = None  # when this launch of the step began (epoch)
 
 
 @dataclass(frozen=True)
@@ -70,14 +71,13 @@ def budget_of(failure: StepFailure, job: Job, snap: Snapshot, default_attempts: 
     return cap_of(job, snap, default_attempts) or 0
 
 
-def attributable(
-    name: str, snap: Snapshot, now: float, window: float
-) -> tuple[str, FaultRow | None] | None:
-    """Why the step's failure is ``name``'s (and the fault, if one), or None."""
+def attributable(name: str, snap: Snapshot, since: float) -> tuple[str, FaultRow | None] | None:
+    """Why the step's failure is ``name``'s (and the fault, if one), or None. A closed
+    fault counts when it was still seen at ``since`` or later."""
 
     def recent(f: FaultRow) -> bool:
         serious = Action(f.action).rank >= Action.RESET.rank
-        return f.node == name and serious and (f.closed_at is None or f.last_seen >= now - window)
+        return f.node == name and serious and (f.closed_at is None or f.last_seen >= since)
 
     faults = sorted(
         {f.id: f for f in [*snap.open_faults, *snap.history] if recent(f)}.values(),
@@ -158,8 +158,9 @@ def decide_step(
     foreign = [n for n in failure.nodes if n not in job.nodes]
     if foreign:
         return StepPlan(Outcome.FAIL, f"{','.join(foreign)} not among job {job.job_id}'s nodes")
-    window = ar.fault_window_s
-    found = {n: why for n in failure.nodes if (why := attributable(n, snap, now, window))}
+    # A fault the node was over before this launch began did not end it.
+    since = max(now - ar.fault_window_s, failure.started_at or 0.0)
+    found = {n: why for n in failure.nodes if (why := attributable(n, snap, since))}
     if not found:
         return StepPlan(
             Outcome.FAIL,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +161,104 @@ def test_on_a_busy_cluster_the_job_runs_again_before_a_waiting_job_starts(
     done = drill.wait_job_end(cluster, job_id, timeout=180)
     assert done.state == "COMPLETED" and done.restart_count == 0
     slurm.cancel(waiting)
+
+
+def fresh_events(cluster: LocalCluster, job_id: int) -> list[str]:
+    return [str(e["kind"]) for e in events(cluster, job_id)]
+
+
+def test_without_a_spare_the_job_is_requeued_and_the_event_says_why(
+    cluster: LocalCluster,
+) -> None:
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    for spare in cluster.spares:
+        slurm.drain(spare, "maintenance: no spare today")
+    job_id, out = drill.submit_training(
+        cluster, steps=20, step_time=0.3, ckpt_every=5, auto_resume=None, script=SCRIPT
+    )
+    victim = sorted(running_with_steps(cluster, job_id, out, 4))[-1]
+    drill.inject_xid(cluster, victim)
+    done = drill.wait_job_end(cluster, job_id, timeout=180)
+    assert done.state == "COMPLETED" and done.restart_count == 1
+    said = [e for e in events(cluster, job_id) if e["kind"] == "step_retry_requeue"]
+    assert len(said) == 1 and "spare" in str(said[0]["cause"]), said
+    assert fresh_events(cluster, job_id).count("requeue") == 1
+
+
+def _script(cluster: LocalCluster, body: str) -> str:
+    path = cluster.dir / "out" / f"app-{abs(hash(body))}.py"
+    path.write_text(body)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("code", "why"),
+    [(1, "on healthy nodes"), (93, "asked not to restart")],
+)
+def test_an_application_failure_and_exit_93_are_not_retried(
+    cluster: LocalCluster, code: int, why: str
+) -> None:
+    app = _script(cluster, f"import sys, time\ntime.sleep(1)\nsys.exit({code})\n")
+    job_id, out = drill.submit_training(
+        cluster, auto_resume=None, script=SCRIPT, env={"TRAIN_SCRIPT": app}
+    )
+    done = drill.wait_job_end(cluster, job_id, timeout=60)
+    assert done.state == "FAILED" and done.restart_count == 0
+    text = out.read_text()
+    assert text.count("attempt ") == 1 and "FAIL: " in text and why in text, text
+    assert "step_retry_fail" in fresh_events(cluster, job_id)
+    # and nothing requeues it afterwards: a few reconcile passes (every 2 s) later
+    time.sleep(5)
+    assert drill.job_of(cluster, job_id).restart_count == 0
+
+
+def test_a_step_the_user_cancels_is_not_retried(cluster: LocalCluster) -> None:
+    job_id, out = drill.submit_training(
+        cluster, steps=60, step_time=0.3, auto_resume=None, script=SCRIPT
+    )
+    running_with_steps(cluster, job_id, out, 2)
+    subprocess.run(
+        ["scancel", f"{job_id}.0"], env=cluster.env, timeout=30, check=True, capture_output=True
+    )
+    done = drill.wait_job_end(cluster, job_id, timeout=60)
+    assert done.state == "FAILED" and done.restart_count == 0
+    text = out.read_text()
+    assert "was cancelled" in text and text.count("attempt ") == 1, text
+
+
+@pytest.mark.parametrize("point", ["drain", "shrink", "absorb"])
+def test_controller_killed_mid_surgery_finishes_it_once(cluster: LocalCluster, point: str) -> None:
+    from hyperpod_agent.controller.actions import CRASH_AT_ENV
+    from hyperpod_agent.localcluster import procs
+
+    services = cluster.services
+    services.stop("controller")
+    pid = services.start_controller(env={CRASH_AT_ENV: f"step_retry:{point}"})
+    job_id, out = drill.submit_training(
+        cluster, steps=24, step_time=0.3, ckpt_every=5, auto_resume=None, script=SCRIPT
+    )
+    nodes = running_with_steps(cluster, job_id, out, 4)
+    victim = sorted(nodes)[-1]
+    drill.inject_xid(cluster, victim)
+    drill.wait_for(f"the controller to die after {point}", 60, lambda: not procs.alive(pid))
+    services.start_controller()
+    done = drill.wait_job_end(cluster, job_id, timeout=180)
+    text = out.read_text()
+    assert done.state == "COMPLETED" and done.restart_count == 0, text[-1500:]
+    spare = cluster.spares[0]
+    kept = [n for n in nodes if n != victim]
+    log = drill.parse_train_log(text)
+    assert [a.nodes for a in log.attempts] == [
+        compress_hostlist(nodes),
+        compress_hostlist([*kept, spare]),
+    ]
+    kinds = fresh_events(cluster, job_id)
+    assert kinds.count("step_retry_done") == 1 and "requeue" not in kinds, kinds
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    helpers = [j for j in slurm.list_jobs() if j.name == f"hyperpod-expand-{job_id}"]
+    assert all(j.state in drill.ENDED for j in helpers), helpers
+    drill.wait_for(
+        "the spare's reservation gone",
+        30,
+        lambda: all(not r.name.startswith("hyperpod-expand-") for r in slurm.reservations()),
+    )

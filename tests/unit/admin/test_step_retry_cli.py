@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -121,6 +122,7 @@ def test_a_retrystep_runs_the_same_srun_again_on_the_new_nodes(stub: Stub, srun:
         1,
     )
     assert report["auto_resume"] == 2 and report["cancelled"] is False
+    assert datetime.fromisoformat(report["started_at"]) < datetime.now(UTC)  # the launch
     assert "Retrying step. Attempt number: 1 (on node[1,5])" in proc.stderr
 
 
@@ -202,8 +204,9 @@ def test_no_controller_fails_the_step_as_srun_would(stub: Stub, srun: Path, tmp_
         s.bind(("127.0.0.1", 0))
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     stub.config.write_text(stub.config.read_text().replace(stub.url, dead))
-    proc, runs = run(stub, srun, ["1"])
+    proc, runs = run(stub, srun, ["1"], "--reach-s", "1")
     assert proc.returncode == 1 and len(runs) == 1
+    assert "no controller answers" in proc.stderr and "trying for 1 s" in proc.stderr
     assert "could not ask the controller whether to retry" in proc.stderr
 
 

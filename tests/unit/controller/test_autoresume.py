@@ -97,6 +97,14 @@ CASES = [
         history=[fault("node2", first_seen=NOW - 120, closed_at=NOW - 60, last_seen=NOW - 60)],
     ),
     Case(
+        # a node repaired and put back before the job started: its old fault did not
+        # end this job (an application error did)
+        "FAILED, its node's fault over before the job started -> not retried",
+        [replace(job(7, state="FAILED", nodes=("node2",), exit_code=1), start_time=ts(NOW - 30))],
+        [("not_retried", 7)],
+        history=[fault("node2", first_seen=NOW - 120, closed_at=NOW - 60, last_seen=NOW - 60)],
+    ),
+    Case(
         "FAILED, fault long ago -> not retried",
         [job(7, state="FAILED", nodes=("node2",), exit_code=1)],
         [("not_retried", 7)],

@@ -56,6 +56,14 @@ CASES = [
          faults=(replace(XID79, closed_at=NOW - 5, last_seen=NOW - 10),)),
     Case("closed fault long ago", Outcome.FAIL, "on healthy nodes",
          faults=(replace(XID79, closed_at=NOW - 5000, last_seen=NOW - 5000),)),
+    # a fault the node had, and got over, before this launch of the step began is not
+    # what ended it (a node repaired and resumed, then an application error)
+    Case("closed fault before the step began", Outcome.FAIL, "on healthy nodes",
+         faults=(replace(XID79, closed_at=NOW - 20, last_seen=NOW - 30),),
+         failure=replace(FAILURE, started_at=NOW - 15)),
+    Case("closed fault after the step began", Outcome.RETRYSTEP, "xid79 on node2",
+         faults=(replace(XID79, closed_at=NOW - 5, last_seen=NOW - 10),),
+         failure=replace(FAILURE, started_at=NOW - 15)),
     Case("monitor fault is the application's", Outcome.FAIL, "healthy nodes", faults=(XID13,)),
     Case("healthy nodes", Outcome.FAIL, "step 0 failed (exit 1) on healthy nodes", faults=()),
     Case("exit 93", Outcome.FAIL, "exit 93", failure=replace(FAILURE, exit_code=93)),
