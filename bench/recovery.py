@@ -91,7 +91,7 @@ def hyperpod_runs(runs: int, in_place: bool, busy_s: float = 0.0) -> list[drill.
                 _busy(cluster, busy_s)
             fault_at = drill.inject_xid(cluster, victim)
             if in_place:
-                tl = _follow_step_retry(cluster, job_id, victim, fault_at, out)
+                tl = drill.follow_step_retry(cluster, job_id, victim, fault_at, out)
             else:
                 tl = drill.follow_recovery(cluster, job_id, victim, fault_at, out, timeout=600)
             print(f"  {name} xid79 #{i + 1}: {tl.offsets()}", flush=True)
@@ -116,31 +116,6 @@ def _busy(cluster: LocalCluster, hold_s: float) -> int:
         "the competing job to wait", 30, lambda: (j := slurm.job(job_id)) and j.state == "PENDING"
     )
     return job_id
-
-
-def _follow_step_retry(
-    cluster: LocalCluster, job_id: int, victim: str, fault_at: float, out: Path
-) -> drill.Timeline:
-    """The step's second launch: the node out, the step running again (its rank 0's
-    first line), its first new step. The job is never requeued."""
-    slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
-    tl = drill.Timeline(fault_at)
-    deadline = time.monotonic() + 300
-    while tl.first_new_step_at is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id}: no new step within 300 s ({tl.offsets()})")
-        if tl.drained_at is None and drill.out_of_service(slurm, victim):
-            tl.drained_at = time.time()
-        attempts = drill.parse_train_log(out.read_text()).attempts
-        if len(attempts) >= 2:
-            tl.running_again_at = attempts[1].started_at
-            tl.new_nodes = tuple(attempts[1].nodes.split(","))
-            if attempts[1].steps:
-                tl.first_new_step_at = attempts[1].steps[0][1]
-        time.sleep(0.1)
-    job = slurm.job(job_id)
-    assert job is not None and job.restart_count == 0, job
-    return tl
 
 
 def native_runs(runs: int, default: bool) -> list[drill.Timeline]:

@@ -240,14 +240,20 @@ class ControllerClient:
         return self.request("POST", f"/v1/jobs/{int(job_id)}/ended", body)
 
     def events(
-        self, since: str | None = None, node: str | None = None, limit: int | None = None
+        self,
+        since: str | None = None,
+        node: str | None = None,
+        limit: int | None = None,
+        job: int | None = None,
     ) -> Any:
-        """``GET /v1/events`` filtered by time (ISO 8601), node and count."""
+        """``GET /v1/events`` filtered by time (ISO 8601), node, job and count."""
         query: dict[str, str | int] = {}
         if since:
             query["since"] = since
         if node:
             query["node"] = node
+        if job is not None:
+            query["job"] = job
         if limit is not None:
             query["limit"] = limit
         return self.request("GET", "/v1/events", query=query or None)

@@ -1,11 +1,13 @@
 """``hyperpod demo``: the README's first command, the whole story on a local cluster.
 
 A local Slurm cluster (4 nodes + 1 spare) comes up with the controller and an agent
-per node (fake GPUs). A toy training job is submitted with ``--auto-resume=1``; once
-it has checkpointed, XID 79 ("GPU has fallen off the bus") is injected on one of its
-nodes. The agent reports it, the controller takes the node out, swaps in the spare and
-requeues the job, which resumes from its last checkpoint and finishes. The demo prints
-the timeline and the work lost, then stops the cluster (``--keep`` leaves it up).
+per node (fake GPUs). A toy training job is submitted whose training step runs under
+``srun --auto-resume=1`` (examples/train_in_place.sbatch); once it has checkpointed,
+XID 79 ("GPU has fallen off the bus") is injected on one of its nodes. The agent
+reports it, the controller ends the step, takes the node out, merges the spare into
+the same job, and the step runs again there: same job id, never back in the queue,
+resumed from its last checkpoint. The demo prints the timeline and the work lost,
+then stops the cluster (``--keep`` leaves it up).
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ def story(cluster: LocalCluster) -> None:
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
     _nodes(slurm)
     _say(
-        f"sbatch --auto-resume=1 examples/train.sbatch ({STEPS} steps on 2 nodes, "
-        f"a checkpoint every {CKPT_EVERY})"
+        f"sbatch examples/train_in_place.sbatch ({STEPS} steps on 2 nodes under "
+        f"srun --auto-resume=1, a checkpoint every {CKPT_EVERY})"
     )
-    job_id, out = drill.submit_training(cluster, STEPS, STEP_TIME, CKPT_EVERY)
+    job_id, out = drill.submit_training(
+        cluster, STEPS, STEP_TIME, CKPT_EVERY, auto_resume=None, script="train_in_place.sbatch"
+    )
     drill.wait_for(
         f"job {job_id} to reach step 8",
         90,
@@ -69,24 +73,26 @@ def story(cluster: LocalCluster) -> None:
     if job is None:
         raise HyperpodError(f"job {job_id} vanished")
     click.echo(
-        f"    job {job_id} running on {','.join(job.nodes)}; the adapter reads "
-        f"auto_resume={job.auto_resume} from admin_comment={job.admin_comment!r}"
+        f"    job {job_id} running on {','.join(job.nodes)}; its srun was handed over to "
+        "hyperpod step-retry, which keeps the step watched by the controller"
     )
     victim = sorted(job.nodes)[-1]
     _say(f"injecting XID 79 (GPU has fallen off the bus) on gpu3 of {victim}")
     fault_at = drill.inject_xid(cluster, victim)
-    timeline = drill.follow_recovery(cluster, job_id, victim, fault_at, out)
+    timeline = drill.follow_step_retry(cluster, job_id, victim, fault_at, out)
     done = drill.wait_job_end(cluster, job_id)
     log = drill.parse_train_log(out.read_text())
     _say("timeline (seconds after the fault)")
     for what, offset in timeline.offsets().items():
-        click.echo(f"    {what.replace('_', ' '):<16} +{offset:.2f} s")
+        if offset is not None:  # a step retried in place is never requeued
+            click.echo(f"    {what.replace('_', ' '):<16} +{offset:.2f} s")
     first = log.attempts[0]
     last_before = max((s for s, _ in first.steps), default=0)
     resumed = log.attempts[-1].resumed_from or 0
     click.echo(
-        f"    job {job_id} {done.state} after {done.restart_count} requeue(s); "
-        f"running again on {','.join(timeline.new_nodes)} (not on {victim})"
+        f"    job {job_id} {done.state} after {done.restart_count} requeue(s) and "
+        f"{len(log.attempts) - 1} step retry(ies) in place; the step ran again on "
+        f"{','.join(timeline.new_nodes)} (not on {victim})"
     )
     click.echo(
         f"    last step before the fault: {last_before}; resumed from checkpoint "
@@ -95,8 +101,12 @@ def story(cluster: LocalCluster) -> None:
     )
     _say("nodes now")
     _nodes(slurm)
-    _say(f"hyperpod events --node {victim}")
-    _admin(cluster, "events", "--node", victim, "--limit", "8")
+    _say(f"the step's output: {out}")
+    for line in out.read_text().splitlines():
+        if not line.startswith("step="):
+            click.echo(f"    {line[:150]}")
+    _say(f"hyperpod events --job {job_id}")
+    _admin(cluster, "events", "--job", str(job_id), "--limit", "12")
     _say("hyperpod jobs")
     _admin(cluster, "jobs")
 
@@ -106,7 +116,8 @@ def story(cluster: LocalCluster) -> None:
 @click.option("--port-base", type=int, default=DEMO_PORT_BASE, show_default=True)
 @click.option("--keep", is_flag=True, help="Leave the cluster running at the end.")
 def demo(dir_: Path, port_base: int, keep: bool) -> None:
-    """Local cluster + agents + controller; an --auto-resume job survives a GPU fault."""
+    """Local cluster + agents + controller; an srun --auto-resume step survives a GPU
+    fault inside its job."""
     cluster = LocalCluster(dir_, nodes=4, spares=1, port_base=port_base)
     _say(
         f"starting a local Slurm cluster in {cluster.dir}: 4 nodes + 1 spare, "

@@ -8,7 +8,7 @@ helper (plugstack ``step_helper=``); it can be called directly as well. It
 - runs srun with ``HYPERPOD_STEP_WRAPPED=1`` (so the plugin does not hand over again),
   ``HYPERPOD_STEP_ATTEMPT`` (0 on the first run) and ``HYPERPOD_RDZV_HOST`` (the first
   node of the job's current node list);
-- renews the step's watch with the controller every couple of seconds; told to end
+- renews the step's watch with the controller every second; told to end
   the step (one of its nodes is faulty) it ends srun at once, rather than wait for a
   collective to time out on the dead node;
 - reports a failed srun (exit code, nodes, attempt) and follows the answer: RETRYSTEP
@@ -110,7 +110,7 @@ class StepRetry:
     controller: Controller
     wait_s: float = 600.0
     reach_s: float = 60.0  # how long an unreachable controller (a restart) is retried
-    poll_s: float = 1.0
+    poll_s: float = 0.25
     say: Callable[[str], None] = field(default=lambda m: print(f"{PREFIX}: {m}", file=sys.stderr))
     _child: subprocess.Popen[bytes] | None = None
     _interrupted: bool = False

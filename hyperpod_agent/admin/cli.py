@@ -166,6 +166,7 @@ class SinceType(click.ParamType[datetime, Any]):
 @click.command()
 @click.option("--since", type=SinceType(), help="Only events after this: 10m, 2h, 1d or ISO.")
 @click.option("--node", "node_name", help="Only events about this node.")
+@click.option("--job", "job_id", type=click.IntRange(1), help="Only events about this job.")
 @click.option("--limit", type=click.IntRange(1, 1000), help="At most this many events.")
 @connection_options
 @json_option
@@ -173,6 +174,7 @@ class SinceType(click.ParamType[datetime, Any]):
 def events(
     since: datetime | None,
     node_name: str | None,
+    job_id: int | None,
     limit: int | None,
     url: str | None,
     munge_socket: Path | None,
@@ -184,7 +186,8 @@ def events(
     if node_name is not None and not NODE_NAME.match(node_name):
         raise click.BadParameter(f"{node_name!r} is not a node name", param_hint="'--node'")
     client = make_client(url, munge_socket, config_file, timeout)
-    doc = client.events(since=since.isoformat() if since else None, node=node_name, limit=limit)
+    since_iso = since.isoformat() if since else None
+    doc = client.events(since=since_iso, node=node_name, limit=limit, job=job_id)
     _emit(doc, as_json, lambda d: render.events_table(_rows(d)))
 
 

@@ -326,8 +326,32 @@ def jobs_table(jobs: Sequence[dict[str, Any]]) -> str:
             ("RESUMES", lambda j: f"{j.get('attempts', 0)}/{j.get('cap', '-')}"),
             ("TRACKING", lambda j: j.get("tracking")),
             ("FROM STEP", lambda j: j.get("resumed_from_step")),
+            ("STEP RETRIES", _step_retries_short),
             ("FOUND", _findings_short),
             ("LAST CAUSE", lambda j: j.get("last_cause")),
+        ],
+    )
+
+
+def _step_retries_short(j: dict[str, Any]) -> str:
+    last = j.get("last_step_retry")
+    if not isinstance(last, dict):
+        return "-"
+    return f"{j.get('step_retries', 0)} ({last.get('phase')})"
+
+
+def _step_retries_table(j: dict[str, Any]) -> str:
+    return table(
+        j["step_retry_history"],
+        [
+            ("ID", lambda r: r.get("id")),
+            ("STEP", lambda r: r.get("step_id")),
+            ("ATTEMPT", lambda r: r.get("attempt")),
+            ("DECISION", lambda r: r.get("decision")),
+            ("PHASE", lambda r: r.get("phase")),
+            ("NODES", lambda r: r.get("nodelist") or "-"),
+            ("AT", lambda r: timestamp(r.get("created_at"))),
+            ("CAUSE", lambda r: r.get("cause")),
         ],
     )
 
@@ -349,6 +373,8 @@ def job_detail(j: dict[str, Any]) -> str:
             ]
         )
     ]
+    if j.get("step_retry_history"):
+        parts.append("Step retries (in place, newest first):\n" + _step_retries_table(j))
     if j.get("findings"):
         parts.append("Hangs and stragglers:\n" + findings_table(j["findings"]))
     if j.get("events"):

@@ -42,7 +42,7 @@ from hyperpod_agent.controller.api_models import (
     Status,
 )
 from hyperpod_agent.controller.api_rejections import Rejections, caller
-from hyperpod_agent.controller.api_steps import add_step_routes
+from hyperpod_agent.controller.api_steps import add_step_routes, job_step_fields
 from hyperpod_agent.controller.ingest import Heartbeat, Rejected
 from hyperpod_agent.controller.providers.base import ProviderError
 from hyperpod_agent.controller.reasons import Verb, format_reason
@@ -224,9 +224,12 @@ def create_app(
             report=row.report_dict() if row else None,
         )
 
-    def _job_out(t: TrackedJob, cls: type[JobOut] = JobOut, **extra: Any) -> JobOut:
+    def _job_out(
+        t: TrackedJob, cls: type[JobOut] = JobOut, history: bool = False, **extra: Any
+    ) -> JobOut:
         job = next((j for j in controller.jobs if j.job_id == t.job_id), None)
         return cls(
+            **job_step_fields(controller, t.job_id, history),
             job_id=t.job_id,
             state=job.state if job else None,
             nodes=list(job.nodes) if job else [],
@@ -253,19 +256,25 @@ def create_app(
         others = sorted(
             j for j in running - set(tracked) if controller.store.job_findings(j, limit=1)
         )
-        return [_job_out(t) for t in tracked.values()] + [
-            _job_out(TrackedJob(j, 0, state="progress")) for j in others
+        retried = [j for j in controller.store.step_retry_jobs() if j not in tracked]
+        return [
+            *(_job_out(t) for t in tracked.values()),
+            *(_job_out(TrackedJob(j, 0, state="progress")) for j in others if j not in retried),
+            *(_job_out(TrackedJob(j, 0, state="step-retry")) for j in retried),
         ]
 
     @app.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=ERRORS)
     def job(request: Request, job_id: int = FastApiPath(ge=1, le=MAX_INT64)) -> JobOut:
         _identity(request)
         tracked = controller.store.job(job_id)
+        if tracked is None and controller.store.job_step_retries(job_id, limit=1):
+            tracked = TrackedJob(job_id, 0, state="step-retry")
         if tracked is None:
             raise StarletteHTTPException(404, f"job {job_id} is not tracked")
         return _job_out(
             tracked,
             JobDetail,
+            history=True,
             events=[views.event_view(e) for e in controller.store.events(job_id=job_id, limit=200)],
             actions=[views.action_view(a) for a in controller.store.job_actions(job_id)],
         )
@@ -295,14 +304,13 @@ def create_app(
             description="events after this: an event id, or an ISO 8601 time",
         ),
         node: str | None = Query(default=None, max_length=64),
+        job: int | None = Query(default=None, ge=1, le=2**63 - 1),
         limit: int = Query(default=100, ge=1, le=1000),
     ) -> list[EventOut]:
         _identity(request)
         since_id, since_at = views.parse_since(since)
-        return [
-            views.event_view(e)
-            for e in controller.store.events(since_id, node, limit, since_at=since_at)
-        ]
+        found = controller.store.events(since_id, node, limit, job_id=job, since_at=since_at)
+        return [views.event_view(e) for e in found]
 
     @app.post(
         "/v1/nodes/{name}/actions", status_code=202, response_model=ActionAccepted, responses=ERRORS

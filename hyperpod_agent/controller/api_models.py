@@ -190,6 +190,8 @@ class JobOut(BaseModel):
     last_requeue_at: datetime | None
     resumed_from_step: int | None
     findings: list[FindingOut] = Field(default_factory=list)
+    step_retries: int = 0  # steps retried in place (done)
+    last_step_retry: StepRetryOut | None = None
 
 
 class EventOut(BaseModel):
@@ -205,6 +207,7 @@ class EventOut(BaseModel):
 class JobDetail(JobOut):
     events: list[EventOut] = Field(default_factory=list)
     actions: list[ActionOut] = Field(default_factory=list)
+    step_retry_history: list[StepRetryOut] = Field(default_factory=list)  # newest first
 
 
 class CheckIn(BaseModel):
@@ -331,3 +334,8 @@ class StepRetryOut(BaseModel):
     rdzv_host: str = ""  # HYPERPOD_RDZV_HOST: the first node of the new list
     created_at: datetime | None = None
     updated_at: datetime | None = None
+
+
+# JobOut names StepRetryOut, defined after it.
+JobOut.model_rebuild()
+JobDetail.model_rebuild()

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 MAX_ID = 2**63 - 1
 # A watch not renewed within WATCH_TTL_S is gone (the helper died): the policy no
 # longer waits for its step's retry.
-WATCH_RENEW_S = 2.0
+WATCH_RENEW_S = 1.0
 WATCH_TTL_S = 10.0
 
 
@@ -181,6 +181,19 @@ def _watch(controller: Controller, job: Job, body: StepWatchIn, who: str) -> Ste
         )
         store.add_event("step_end", message, now, job_id=job.job_id, cause=cause)
     return StepWatchOut(end=end, cause=cause, renew_every_s=WATCH_RENEW_S)
+
+
+def job_step_fields(controller: Controller, job_id: int, history: bool = False) -> dict[str, Any]:
+    """What ``/v1/jobs`` shows of a job's step retries: how many were done, the last
+    one (its phase while under way), and with ``history`` every one."""
+    runs = controller.store.job_step_retries(job_id)
+    fields: dict[str, Any] = {
+        "step_retries": sum(1 for r in runs if r.outcome == "RETRYSTEP"),
+        "last_step_retry": step_retry_view(runs[0]) if runs else None,
+    }
+    if history:
+        fields["step_retry_history"] = [step_retry_view(r) for r in runs]
+    return fields
 
 
 def add_step_routes(

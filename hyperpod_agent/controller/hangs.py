@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from hyperpod_agent.controller.config import ProgressConfig
-from hyperpod_agent.controller.snapshot import Snapshot
+from hyperpod_agent.controller.snapshot import Snapshot, retrying_in_place
 from hyperpod_agent.health import Action, JobProgress, RankProgress
 from hyperpod_agent.slurm.models import Job
 
@@ -200,8 +200,9 @@ def judge(snap: Snapshot, cfg: ProgressConfig, now: float) -> tuple[list[Hang], 
     declared = {f.key for f in snap.findings}
     hangs: list[Hang] = []
     stragglers: list[Straggler] = []
+    retrying = retrying_in_place(snap, now)
     for job in sorted(snap.jobs, key=lambda j: j.job_id):
-        if job.state.upper() != "RUNNING":
+        if job.state.upper() != "RUNNING" or job.job_id in retrying:
             continue
         ranks = _ranks(job, snap)
         if not ranks:

@@ -111,13 +111,21 @@ class Decision:
 WATCH_GRACE_S = 60.0
 
 
-def left_to_step_retry(snap: Snapshot, now: float) -> set[int]:
-    """Jobs whose node faults the policy leaves alone: a surgery is under way, or a
-    watched step will ask for its retry (told to end less than WATCH_GRACE_S ago)."""
+def retrying_in_place(snap: Snapshot, now: float) -> set[int]:
+    """Jobs whose step is being retried in place: a surgery is under way, or the step
+    was told to end (and its next launch has not renewed the watch yet). No rank of
+    theirs advances meanwhile, by design."""
     jobs = set(snap.step_retries)
     jobs |= {
         j
         for j, end_at in snap.watched_jobs.items()
-        if end_at is None or now - end_at < WATCH_GRACE_S
+        if end_at is not None and now - end_at < WATCH_GRACE_S
     }
     return jobs
+
+
+def left_to_step_retry(snap: Snapshot, now: float) -> set[int]:
+    """Jobs whose node faults the policy leaves alone: retrying in place, or a watched
+    step still running that will ask for its retry if a fault ends it."""
+    running = {j for j, end_at in snap.watched_jobs.items() if end_at is None}
+    return retrying_in_place(snap, now) | running

@@ -54,6 +54,7 @@ STEPS = ("drain", "shrink", "expand", "absorb")
 # The spare's reservation outlives the allocation wait by this much, so one a crash
 # left behind expires by itself even if no controller deletes it.
 RESERVATION_SLACK_MIN = 10
+READ_BACK_TRIES, READ_BACK_PAUSE_S = 8, 0.25
 
 
 class SurgeryFailed(Exception):
@@ -70,11 +71,13 @@ class StepRetryRunner:
         config: ControllerConfig,
         crash_hook: Callable[[str], None] | None = None,
         timer: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.store, self.slurm, self.config = store, slurm, config
         # Test-only: called after each Slurm step, before its phase is written.
         self._crash_hook = crash_hook or (lambda point: None)
         self._timer = timer
+        self._sleep = sleep
 
     def advance(self, now: float) -> int:
         """Every open surgery, through as many phases as Slurm allows; then the helper
@@ -213,8 +216,13 @@ class StepRetryRunner:
             if helper is None or helper.state.upper() != "RUNNING":
                 raise SurgeryFailed(f"helper allocation {run.helper_id} is gone")
             self.slurm.absorb_expansion(run.job_id, helper.job_id)
-            # scontrol's exit status says little here (Slurm's noise): read the job back
-            job = next((j for j in self.slurm.list_jobs() if j.job_id == run.job_id), job)
+            # scontrol's exit status says little here (Slurm's noise, a lookup not
+            # waited for): read the job back, a few times within a second or two
+            for _ in range(READ_BACK_TRIES):
+                job = next((j for j in self.slurm.list_jobs() if j.job_id == run.job_id), job)
+                if run.spare in job.nodes:
+                    break
+                self._sleep(READ_BACK_PAUSE_S)
             if run.spare not in job.nodes:
                 raise SurgeryFailed(f"job {run.job_id} does not hold {run.spare} after the merge")
         helper = jobs.get(run.helper_id or -1)

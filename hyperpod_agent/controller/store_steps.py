@@ -150,6 +150,23 @@ class StepLog(CheckLog):
         )
         return int(rows[0][0])
 
+    def job_step_retries(self, job_id: int, limit: int = 50) -> list[StepRetry]:
+        """The job's surgeries, newest first."""
+        rows = self._query(
+            f"SELECT {StepRetry.COLUMNS} FROM step_retries WHERE job_id=? ORDER BY id DESC LIMIT ?",
+            (job_id, limit),
+        )
+        return [StepRetry.from_row(r) for r in rows]
+
+    def step_retry_jobs(self, limit: int = 200) -> list[int]:
+        """Jobs that had a step retried in place, the most recent first."""
+        rows = self._query(
+            "SELECT job_id, max(id) AS last FROM step_retries GROUP BY job_id "
+            "ORDER BY last DESC LIMIT ?",
+            (limit,),
+        )
+        return [int(r[0]) for r in rows]
+
     def step_retries_since(self, since: float) -> int:
         """Surgeries started at or after ``since``, cluster-wide."""
         rows = self._query("SELECT count(*) FROM step_retries WHERE created_at>=?", (since,))

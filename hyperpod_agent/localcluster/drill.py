@@ -21,6 +21,7 @@ from hyperpod_agent.errors import HyperpodError
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.progress_format import Record
 from hyperpod_agent.slurm.client import SlurmClient
+from hyperpod_agent.slurm.hostlist import expand_hostlist
 from hyperpod_agent.slurm.models import Job
 
 T = TypeVar("T")
@@ -242,6 +243,41 @@ def follow_recovery(
 ) -> Timeline:
     """Follow one injected fault (see ``follow_all``)."""
     return follow_all(cluster, [Recovery(job_id, victim, out, Timeline(fault_at))], timeout)[0]
+
+
+def follow_step_retry(
+    cluster: LocalCluster,
+    job_id: int,
+    victim: str,
+    fault_at: float,
+    out: Path,
+    timeout: float = 300.0,
+) -> Timeline:
+    """Follow a fault on a step under ``srun --auto-resume`` (train_in_place.sbatch): the
+    node out, the step running again (its rank 0's first line), its first new step.
+    The job is never requeued: ``requeued`` stays empty."""
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    tl = Timeline(fault_at)
+    deadline = time.monotonic() + timeout
+    while tl.first_new_step_at is None:
+        if time.monotonic() > deadline:
+            raise HyperpodError(
+                f"job {job_id}: no new step within {timeout:g} s (timeline: {tl.offsets()})"
+            )
+        if tl.drained_at is None and out_of_service(slurm, victim):
+            tl.drained_at = time.time()
+        job = slurm.job(job_id)  # before the log: a job that ended wrote all of it
+        attempts = parse_train_log(out.read_text()).attempts if out.exists() else []
+        if len(attempts) >= 2:
+            tl.running_again_at = attempts[1].started_at
+            tl.new_nodes = tuple(expand_hostlist(attempts[1].nodes))
+            if attempts[1].steps:
+                tl.first_new_step_at = attempts[1].steps[0][1]
+                break
+        if job is not None and (job.restart_count > 0 or job.state in ENDED):
+            raise HyperpodError(f"job {job_id} left its allocation: {job.state}, {tl.offsets()}")
+        time.sleep(0.1)
+    return tl
 
 
 def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:

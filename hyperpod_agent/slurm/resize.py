@@ -19,7 +19,7 @@ import logging
 import re
 from collections.abc import Sequence
 
-from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.errors import SlurmError, SlurmTimeout
 from hyperpod_agent.slurm._common import check_job
 from hyperpod_agent.slurm.hostlist import compress_hostlist
 from hyperpod_agent.slurm.maint import SlurmCalls, check_name
@@ -31,6 +31,7 @@ _PENDING = re.compile(r"Pending job allocation (\d+)")
 # what 22.05's scontrol prints when NumNodes=ALL took the helper's nodes
 _ABSORBED_NOISE = "Unexpected message received"
 EXPAND_PREFIX = "hyperpod-expand-"
+ABSORB_WAIT_S = 1.0
 
 
 class ResizeCalls(SlurmCalls):
@@ -81,9 +82,17 @@ class ResizeCalls(SlurmCalls):
             (["scontrol", "update", f"jobid={hid}", "NumNodes=0"], "release", f"job {hid}"),
             (["scontrol", "update", f"jobid={jid}", "NumNodes=ALL"], "expand", f"job {jid}"),
         ):
+            # After merging, 22.05's scontrol looks the new size up and waits for an
+            # answer that never comes, until MessageTimeout (10 s by default): the merge
+            # is done by then, so that command is not waited for past ABSORB_WAIT_S.
+            wait = ABSORB_WAIT_S if what == "expand" else None
             try:
-                self._change(argv, what, target)
+                self._run(argv, wait)
+            except SlurmTimeout:
+                log.info("slurm %s %s: not waited for past %g s", what, target, ABSORB_WAIT_S)
             except SlurmError as exc:
                 if _ABSORBED_NOISE not in exc.stderr:
                     raise
                 log.info("slurm %s %s: %s (Slurm's noise)", what, target, _ABSORBED_NOISE)
+            else:
+                log.info("slurm %s %s", what, target)

@@ -279,6 +279,8 @@ def test_events_query_and_table(stub: Stub) -> None:
     )
     path = stub.seen[0].path
     assert "node=node3" in path and "limit=5" in path
+    assert run(stub, events, "--job", "42").exit_code == 0
+    assert "job=42" in stub.seen[1].path
     since = datetime.fromisoformat(
         path.split("since=")[1].split("&")[0].replace("%3A", ":").replace("%2B", "+")
     )
@@ -413,3 +415,21 @@ def test_jobs_and_node_show_name_hangs_and_stragglers(stub: Stub) -> None:
     shown = run(stub, node, "show", "node3")
     assert shown.exit_code == 0, shown.output
     assert "Hangs and stragglers:" in shown.output and "(+40%)" in shown.output
+
+
+def test_jobs_show_step_retries(stub: Stub) -> None:
+    retry = {
+        "id": 7, "job_id": 42, "step_id": "srun-9", "decision": "RETRYSTEP",
+        "cause": "gpu3 xid79 on node2: node5 stands in", "phase": "done", "done": True,
+        "attempt": 2, "nodelist": "node[1,5]", "nnodes": 2, "rdzv_host": "node1",
+        "created_at": ISO, "updated_at": ISO,
+    }  # fmt: skip
+    stub.answer("GET", "/v1/jobs", 200, [{**JOB, "step_retries": 1, "last_step_retry": retry}])
+    result = run(stub, jobs)
+    assert result.exit_code == 0, result.output
+    header, line = result.output.splitlines()[:2]
+    assert "STEP RETRIES" in header and "1 (done)" in line
+    detail = {**JOB, "step_retries": 1, "last_step_retry": retry, "step_retry_history": [retry]}
+    stub.answer("GET", "/v1/jobs/42", 200, {**detail, "events": [], "actions": []})
+    shown = run(stub, jobs, "show", "42").output
+    assert "Step retries" in shown and "node[1,5]" in shown and "node5 stands in" in shown

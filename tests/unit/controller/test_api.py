@@ -451,3 +451,10 @@ def test_hangs_and_stragglers_show_in_jobs_and_node_show(api: Api) -> None:
     assert [f["kind"] for f in listed["findings"]] == ["straggler", "hang"]
     shown = api.get("/v1/nodes/node2").json()
     assert [f["detail"] for f in shown["findings"]] == ["node2 straggles in job 77"]
+
+
+def test_events_of_one_job(api: Api) -> None:
+    api.store.add_event("requeue", "requeue job 7", 1.0, job_id=7)
+    api.store.add_event("requeue", "requeue job 8", 2.0, job_id=8)
+    assert [e["message"] for e in api.get("/v1/events?job=7").json()] == ["requeue job 7"]
+    assert api.get("/v1/events?job=0").status_code == 422

@@ -174,7 +174,7 @@ def test_a_watched_step_on_healthy_nodes_runs_on(api: Api) -> None:
     api.controller.reconcile_once()  # the pass's view of the job
     resp = watch(api)
     assert resp.status_code == 200, resp.text
-    assert resp.json() == {"end": False, "cause": "", "renew_every_s": 2.0}
+    assert resp.json() == {"end": False, "cause": "", "renew_every_s": 1.0}
     assert api.store.watched_jobs(api.controller.clock()) == {12: None}
 
 
@@ -219,3 +219,20 @@ def test_bad_watches_are_refused(api: Api, body: dict[str, Any], status: int) ->
 def test_only_the_jobs_own_may_watch_it(api: Api) -> None:
     api.controller.reconcile_once()
     assert watch(api, who="node4").status_code == 403
+
+
+def test_jobs_show_their_step_retries(api: Api) -> None:
+    faulty(api)
+    out = ask(api).json()
+    api.controller.reconcile_once()  # the surgery
+    [row] = [j for j in api.get("/v1/jobs").json() if j["job_id"] == 12]
+    assert row["step_retries"] == 1 and row["last_step_retry"]["phase"] == "done"
+    detail = api.get("/v1/jobs/12").json()
+    [retry] = detail["step_retry_history"]
+    assert (retry["id"], retry["decision"], retry["nodelist"]) == (
+        out["id"],
+        "RETRYSTEP",
+        "node[1,3,5]",
+    )
+    kinds = [e["kind"] for e in detail["events"]]
+    assert "step_retry_shrink" in kinds and "step_retry_done" in kinds

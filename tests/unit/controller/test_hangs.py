@@ -342,3 +342,14 @@ def test_a_straggler_someone_else_drained_is_left_alone() -> None:
         snap, nodes={**snap.nodes, "node2": node("node2", flags=("DRAIN",), reason="bad dimm")}
     )
     assert held(snap, straggler_hold_after_job=True) == []
+
+
+def test_a_step_being_retried_in_place_is_not_a_hang() -> None:
+    # The step was told to end (a node fault) and its retry is under way: no rank
+    # advances meanwhile, by design. A watched step still running is judged as ever.
+    stalled = training({"node1": [rank(0, at=NOW - 8)], "node2": [rank(1, at=NOW - 8)]})
+    assert judge(replace(stalled, watched_jobs={JOB: None}), config().progress, NOW)[0]
+    ending = replace(stalled, watched_jobs={JOB: NOW - 6})
+    assert judge(ending, config().progress, NOW) == ([], [])
+    in_surgery = replace(stalled, step_retries={JOB: ("node2", "node5")})
+    assert judge(in_surgery, config().progress, NOW) == ([], [])

@@ -51,7 +51,7 @@ def runner(store: Store, slurm: FakeSlurm, crash_at: str = "") -> StepRetryRunne
         if point == crash_at:
             raise Crash(point)
 
-    return StepRetryRunner(store, slurm, config(), crash_hook=hook)
+    return StepRetryRunner(store, slurm, config(), crash_hook=hook, sleep=lambda _s: None)
 
 
 def live_helpers(slurm: FakeSlurm) -> list[Job]:

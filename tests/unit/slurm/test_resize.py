@@ -3,6 +3,7 @@ the recipe itself runs on the real cluster in tests/integration/test_slurm_adapt
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,14 @@ def test_absorbing_ignores_slurms_unexpected_message_only(fake: Fake) -> None:
     fake.answer("scontrol", err="slurm_update error: Invalid job id specified\n", rc=1)
     with pytest.raises(SlurmError, match="Invalid job id"):
         fake.client().absorb_expansion(12, 40)
+
+
+def test_absorbing_does_not_wait_out_slurms_size_lookup(fake: Fake) -> None:
+    # 22.05's scontrol has merged the job when it starts a lookup that ends only at
+    # MessageTimeout (10 s by default): the command is not waited for past a second.
+    scontrol = fake.bin / "scontrol"
+    scontrol.write_text('#!/bin/sh\ncase "$*" in *NumNodes=ALL*) /bin/sleep 5;; esac\nexit 0\n')
+    scontrol.chmod(0o755)
+    started = time.monotonic()
+    fake.client().absorb_expansion(12, 40)
+    assert time.monotonic() - started < 4.5
