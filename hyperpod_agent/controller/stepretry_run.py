@@ -55,6 +55,7 @@ STEPS = ("drain", "shrink", "expand", "absorb")
 # left behind expires by itself even if no controller deletes it.
 RESERVATION_SLACK_MIN = 10
 READ_BACK_TRIES, READ_BACK_PAUSE_S = 8, 0.25
+RESPONDING_TRIES = 40  # 10 s at READ_BACK_PAUSE_S
 
 
 class SurgeryFailed(Exception):
@@ -201,6 +202,7 @@ class StepRetryRunner:
                 minutes = int(wait // 60) + RESERVATION_SLACK_MIN
                 self.slurm.create_maint_reservation(run.helper_name, [run.spare], minutes, [_me()])
             self.slurm.resume(run.spare)  # leaves the pool, as the replace path does
+            self._until_responding(run.spare)
         elif spare.drained:
             raise SurgeryFailed(
                 f"spare {run.spare} was taken since: its reason is {spare.reason!r}"
@@ -208,6 +210,16 @@ class StepRetryRunner:
         held = any(r.name == run.helper_name for r in self.slurm.reservations())
         reservation = run.helper_name if held else None
         return self.slurm.allocate_expansion(run.job_id, run.spare, wait, reservation)
+
+    def _until_responding(self, name: str) -> None:
+        """Slurm flags a node it has just resumed NOT_RESPONDING until its next ping. An
+        allocation asked for meanwhile misses the scheduling its submission triggers
+        and waits for the periodic one (sched_interval, 60 s by default): wait, within
+        a few seconds, for the node to answer first."""
+        for _ in range(RESPONDING_TRIES):
+            if self.slurm.node(name).responding:
+                return
+            self._sleep(READ_BACK_PAUSE_S)
 
     def _absorb(self, run: StepRetry, jobs: dict[int, Job]) -> list[str]:
         job = jobs[run.job_id]

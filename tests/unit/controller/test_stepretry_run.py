@@ -14,7 +14,7 @@ from hyperpod_agent.controller.stepretry_run import ENDED, StepRetryRunner
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_rows import EventIn, TrackedJob
 from hyperpod_agent.controller.store_steps import StepRetry
-from hyperpod_agent.slurm.models import Job
+from hyperpod_agent.slurm.models import Job, Node
 
 REASON = "hyperpod:replace gpu3 xid79 boom"
 PLAN = {
@@ -274,3 +274,28 @@ def test_a_reservation_nobody_owns_is_deleted(store: Store) -> None:
     runner(store, slurm).advance(NOW)
     assert slurm.resv == {}
     assert [e.kind for e in store.events()] == ["step_retry_orphan"]
+
+
+def test_the_spare_is_asked_for_once_slurm_has_it_responding_again(store: Store) -> None:
+    # Slurm flags a node it just resumed NOT_RESPONDING until its next ping; an
+    # allocation asked for meanwhile would wait for the periodic scheduler.
+    slurm = fake()
+    looks: list[bool] = []
+    resume, node_of = slurm.resume, slurm.node
+
+    def resumed(name: str) -> None:
+        resume(name)
+        slurm.nodes[name] = replace(slurm.nodes[name], flags=frozenset({"NOT_RESPONDING"}))
+
+    def look(name: str) -> Node:
+        n = node_of(name)
+        looks.append(n.responding)
+        if len(looks) == 3:  # its ping arrives
+            slurm.nodes[name] = replace(n, flags=frozenset())
+        return n
+
+    slurm.resume, slurm.node = resumed, look  # type: ignore[method-assign]
+    start(store)
+    runner(store, slurm).advance(NOW + 1)
+    assert looks == [False, False, False, True]
+    assert slurm.jobs[12].nodes == ("node1", "node3", "node5")
