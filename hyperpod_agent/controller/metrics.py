@@ -100,6 +100,12 @@ STEP_RETRY_PHASE_SECONDS = Histogram(
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
     registry=REGISTRY,
 )
+STEP_RETRY_FAULT_SECONDS = Histogram(
+    "hyperpod_step_retry_fault_seconds",
+    "From the fault on the bad node (first seen) to its step's new node list ready",
+    buckets=(1, 2, 3, 5, 10, 20, 30, 60, 120, 300),
+    registry=REGISTRY,
+)
 STEP_RETRY_SECONDS = Histogram(
     "hyperpod_step_retry_seconds",
     "From a step's retry request to its surgery done (the new node list ready)",

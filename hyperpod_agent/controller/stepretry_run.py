@@ -279,6 +279,13 @@ class StepRetryRunner:
                 }
             )
             metrics.STEP_RETRY_SECONDS.observe(max(0.0, now - run.created_at))
+            seen = [
+                f.first_seen
+                for f in self.store.node_faults(run.bad_node, limit=20)
+                if f.first_seen <= run.created_at
+            ]
+            if seen:  # the fault that ended the step (a dead node may have none)
+                metrics.STEP_RETRY_FAULT_SECONDS.observe(max(0.0, now - max(seen)))
         self.store.set_step_phase(
             run.id,
             nxt,

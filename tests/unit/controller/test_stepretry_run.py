@@ -299,3 +299,21 @@ def test_the_spare_is_asked_for_once_slurm_has_it_responding_again(store: Store)
     runner(store, slurm).advance(NOW + 1)
     assert looks == [False, False, False, True]
     assert slurm.jobs[12].nodes == ("node1", "node3", "node5")
+
+
+def test_fault_to_ready_is_measured_from_the_faults_first_sighting(store: Store) -> None:
+    from hyperpod_agent.controller import metrics
+    from hyperpod_agent.controller.store_rows import FaultIn
+
+    def count() -> float:
+        return metrics.REGISTRY.get_sample_value("hyperpod_step_retry_fault_seconds_count") or 0
+
+    def total() -> float:
+        return metrics.REGISTRY.get_sample_value("hyperpod_step_retry_fault_seconds_sum") or 0
+
+    xid = FaultIn("gpu3", "xid79", "FAIL", "REBOOT", True, "boom")
+    store.record_report("node2", "a", 1, NOW - 3, "faulty", "{}", [xid], NOW - 3)
+    before, before_sum = count(), total()
+    start(store)
+    runner(store, fake()).advance(NOW + 1)
+    assert count() == before + 1 and total() - before_sum == pytest.approx(4.0)
