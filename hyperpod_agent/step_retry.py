@@ -261,6 +261,11 @@ class StepRetry:
         except (SlurmParseError, TypeError, ValueError):
             self.say(f"the controller's node list {out.get('nodelist')!r} is malformed")
             return None
+        pause = out.get("retry_after_s", 0.0)
+        if isinstance(pause, (int, float)) and pause > 0:
+            pause = min(float(pause), self.wait_s)
+            self.say(f"backing off {pause:.0f} s before the relaunch (earlier retries)")
+            time.sleep(pause)
         return nodes, nnodes, str(out.get("rdzv_host") or _first(nodes))
 
     def _reach(self, request: Callable[[], Any]) -> Any:

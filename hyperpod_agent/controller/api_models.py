@@ -332,6 +332,7 @@ class StepRetryOut(BaseModel):
     nodelist: str = ""  # SLURM_JOB_NODELIST once done
     nnodes: int | None = None  # SLURM_NNODES once done
     rdzv_host: str = ""  # HYPERPOD_RDZV_HOST: the first node of the new list
+    retry_after_s: float = 0.0  # back-off before the relaunch (retries of the same step)
     created_at: datetime | None = None
     updated_at: datetime | None = None
 

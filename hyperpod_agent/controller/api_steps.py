@@ -29,10 +29,12 @@ from hyperpod_agent.controller.stepretry_plan import (
     StepFailure,
     StepPlan,
     attributable,
+    backoff_s,
     budget_of,
     decide_step,
 )
 from hyperpod_agent.controller.store_rows import EventIn
+from hyperpod_agent.controller.store_steps import StepRetry
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.hostlist import expand_hostlist
 from hyperpod_agent.slurm.models import Job
@@ -183,6 +185,19 @@ def _watch(controller: Controller, job: Job, body: StepWatchIn, who: str) -> Ste
     return StepWatchOut(end=end, cause=cause, renew_every_s=WATCH_RENEW_S)
 
 
+def _backoff(controller: Controller, run: StepRetry) -> float:
+    """The relaunch's back-off: earlier in-place retries of the same step count."""
+    if run.outcome != "RETRYSTEP":
+        return 0.0
+    earlier = sorted(
+        (r.id, r.updated_at)
+        for r in controller.store.job_step_retries(run.job_id)
+        if r.step_id == run.step_id and r.id < run.id and r.outcome == "RETRYSTEP"
+    )
+    ar = controller.config.auto_resume
+    return backoff_s([at_ for _, at_ in earlier], controller.clock(), ar)
+
+
 def job_step_fields(controller: Controller, job_id: int, history: bool = False) -> dict[str, Any]:
     """What ``/v1/jobs`` shows of a job's step retries: how many were done, the last
     one (its phase while under way), and with ``history`` every one."""
@@ -248,4 +263,4 @@ def add_step_routes(
             raise Rejected(404, "not_found", f"no step retry {retry_id}")
         if not who.is_admin:
             may_ask(who, _job(controller, run.job_id, fresh=False))
-        return step_retry_view(run)
+        return step_retry_view(run, _backoff(controller, run))

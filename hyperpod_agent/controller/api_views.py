@@ -142,7 +142,7 @@ def run_view(run: CheckRun, outcomes: list[NodeOutcome]) -> CheckRunOut:
     )
 
 
-def step_retry_view(run: StepRetry) -> StepRetryOut:
+def step_retry_view(run: StepRetry, retry_after_s: float = 0.0) -> StepRetryOut:
     """A surgery as the failed step's helper polls it: RETRYSTEP until it failed."""
     done = run.phase in ("done", "failed")
     nodes = list(run.new_nodes) if run.phase == "done" else []
@@ -159,6 +159,7 @@ def step_retry_view(run: StepRetry) -> StepRetryOut:
         nodelist=nodelist,
         nnodes=len(nodes) if nodes else None,
         rdzv_host=expand_hostlist(nodelist)[0] if nodes else "",  # Slurm's first
+        retry_after_s=retry_after_s if nodes else 0.0,
         created_at=at(run.created_at),
         updated_at=at(run.updated_at),
     )

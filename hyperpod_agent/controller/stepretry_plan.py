@@ -14,11 +14,12 @@ is the application's (FAIL): the step failed on healthy nodes, said "do not rest
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hyperpod_agent.controller import safety
 from hyperpod_agent.controller.autoresume import MAX_CAP, cap_of, required_nodes
-from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.config import AutoResumeConfig, ControllerConfig
 from hyperpod_agent.controller.reasons import SPARE, Verb, format_reason, parse_reason
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
@@ -210,3 +211,13 @@ def _spare(bad: str, snap: Snapshot, config: ControllerConfig, now: float) -> st
     pool = SparePool(snap, config.policy, now, config.deep_checks)
     spare = pool.take(failed)
     return spare if spare is not None else f"!{pool.why_none(failed)}"
+
+
+def backoff_s(previous: Sequence[float], now: float, ar: AutoResumeConfig) -> float:
+    """How long a step's relaunch waits, given when its earlier in-place retries were
+    ready (oldest first): none for the first; then ``backoff_base_s`` doubling per
+    retry up to ``backoff_max_s``, from the last one, as job requeues back off."""
+    if not previous:
+        return 0.0
+    wait = min(ar.backoff_max_s, ar.backoff_base_s * 2.0 ** (len(previous) - 1))
+    return max(0.0, float(previous[-1]) + wait - now)

@@ -124,6 +124,25 @@ def test_a_retrystep_runs_the_same_srun_again_on_the_new_nodes(stub: Stub, srun:
     assert report["auto_resume"] == 2 and report["cancelled"] is False
     assert datetime.fromisoformat(report["started_at"]) < datetime.now(UTC)  # the launch
     assert "Retrying step. Attempt number: 1 (on node[1,5])" in proc.stderr
+    assert "backing off" not in proc.stderr
+
+
+def test_a_relaunch_waits_the_back_off_it_is_given(stub: Stub, srun: Path) -> None:
+    done = {
+        **RETRY,
+        "decision": "RETRYSTEP",
+        "phase": "done",
+        "done": True,
+        "attempt": 2,
+        "nodelist": "node[1,5]",
+        "nnodes": 2,
+        "rdzv_host": "node1",
+        "retry_after_s": 1.0,
+    }
+    stub.answer("POST", "/v1/steps/retry", 200, done)
+    proc, runs = run(stub, srun, ["1", "0"])
+    assert proc.returncode == 0 and len(runs) == 2, proc.stderr
+    assert "backing off 1 s before the relaunch" in proc.stderr
 
 
 @pytest.mark.parametrize("decision", ["FAIL", "REQUEUE"])

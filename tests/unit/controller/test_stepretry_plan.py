@@ -9,7 +9,12 @@ import pytest
 from ctl_helpers import NOW, action_row, cluster, config, fault, faulty, healthy, node
 
 from hyperpod_agent.controller.snapshot import Snapshot
-from hyperpod_agent.controller.stepretry_plan import Outcome, StepFailure, decide_step
+from hyperpod_agent.controller.stepretry_plan import (
+    Outcome,
+    StepFailure,
+    backoff_s,
+    decide_step,
+)
 from hyperpod_agent.controller.store_rows import ActionRow, FaultRow
 from hyperpod_agent.slurm.models import Job, Node
 
@@ -148,3 +153,12 @@ def test_a_spare_under_another_surgery_is_not_promised_again() -> None:
     snap = replace(snapshot(CASES[0]), step_retries={44: ("node7", "node5")})
     plan = decide_step(JOB, FAILURE, snap, config(), NOW)
     assert plan.outcome is Outcome.REQUEUE and "no spare" in plan.cause
+
+
+def test_retries_of_the_same_step_back_off_as_requeues_do() -> None:
+    ar = config(auto_resume={"backoff_base_s": 10, "backoff_max_s": 25}).auto_resume
+    assert backoff_s([], NOW, ar) == 0.0  # the first retry goes at once
+    assert backoff_s([NOW - 4], NOW, ar) == 6.0  # the second waits 10 s after the first
+    assert backoff_s([NOW - 30, NOW - 4], NOW, ar) == 16.0  # then 20 s
+    assert backoff_s([NOW - 90, NOW - 60, NOW - 1], NOW, ar) == 24.0  # capped at 25 s
+    assert backoff_s([NOW - 60], NOW, ar) == 0.0  # long past
