@@ -156,12 +156,14 @@ def decide_step(
         return StepPlan(
             Outcome.FAIL, f"exit {DO_NOT_RESTART}: the application asked not to restart"
         )
-    foreign = [n for n in failure.nodes if n not in job.nodes]
-    if foreign:
-        return StepPlan(Outcome.FAIL, f"{','.join(foreign)} not among job {job.job_id}'s nodes")
     # A fault the node was over before this launch began did not end it.
     since = max(now - ar.fault_window_s, failure.started_at or 0.0)
     found = {n: why for n in failure.nodes if (why := attributable(n, snap, since))}
+    # A node of the step that is no longer the job's: Slurm released it because it died
+    # (a job submitted with --no-kill lives on without it), else the report is wrong.
+    foreign = [n for n in failure.nodes if n not in job.nodes and n not in found]
+    if foreign:
+        return StepPlan(Outcome.FAIL, f"{','.join(foreign)} not among job {job.job_id}'s nodes")
     if not found:
         return StepPlan(
             Outcome.FAIL,

@@ -81,6 +81,10 @@ CASES = [
     Case("auto-resume off", Outcome.FAIL, "disabled", cfg={"auto_resume": {"enabled": False}}),
     Case("a node not the job's", Outcome.FAIL, "node9 not among job 12's nodes",
          failure=replace(FAILURE, nodes=("node1", "node9"))),
+    # sbatch --no-kill: Slurm took the dead node out of the job itself; it is the bad one
+    Case("a dead node Slurm released", Outcome.RETRYSTEP, "node2 not responding (DOWN)",
+         job=replace(JOB, nodes=("node1", "node3")), faults=(),
+         changes={"node5": SPARE5, "node2": DEAD2}),
     Case("no spare", Outcome.REQUEUE, "no spare left in partitions main", changes={}),
     Case("spare not ready", Outcome.REQUEUE, "node5: not responding",
          changes={"node5": replace(SPARE5, flags=frozenset({"DRAIN", "NOT_RESPONDING"}))}),
@@ -162,3 +166,9 @@ def test_retries_of_the_same_step_back_off_as_requeues_do() -> None:
     assert backoff_s([NOW - 30, NOW - 4], NOW, ar) == 16.0  # then 20 s
     assert backoff_s([NOW - 90, NOW - 60, NOW - 1], NOW, ar) == 24.0  # capped at 25 s
     assert backoff_s([NOW - 60], NOW, ar) == 0.0  # long past
+
+
+def test_a_dead_node_slurm_released_is_drained_and_the_job_kept_as_it_is() -> None:
+    c = next(c for c in CASES if c.id == "a dead node Slurm released")
+    plan = decide_step(c.job, c.failure, snapshot(c), config(), NOW)
+    assert (plan.bad_node, plan.spare, plan.keep) == ("node2", "node5", ("node1", "node3"))
