@@ -22,17 +22,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import statistics
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 from hyperpod_agent.controller.config import load_config
 from hyperpod_agent.controller.store import Store
-from hyperpod_agent.localcluster import drill
+from hyperpod_agent.localcluster import drill, ha
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.localcluster.services import Services
 from hyperpod_agent.slurm.client import SlurmClient
@@ -49,13 +47,7 @@ def pct(values: list[float], p: float) -> float:
 
 
 def gauge(services: Services, name: str) -> float | None:
-    try:
-        with urllib.request.urlopen(f"{services.url_of(name)}/metrics", timeout=1) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    found = re.search(r"^hyperpod_controller_leader (\S+)$", text, re.M)
-    return float(found.group(1)) if found else None
+    return ha.leader_gauge(services.url_of(name))
 
 
 def leaders(services: Services) -> list[str]:

@@ -8,10 +8,12 @@ its own role with a password in DIR/etc/pg-password) and is removed by ``down``.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 from hyperpod_agent.localcluster import procs
@@ -102,3 +104,15 @@ def stop_database(shape: Shape, remove: bool = True, timeout_s: float = 30.0) ->
     if remove:
         shutil.rmtree(shape.dir / "pg", ignore_errors=True)
         password_file(shape).unlink(missing_ok=True)
+
+
+def leader_gauge(url: str) -> float | None:
+    """``hyperpod_controller_leader`` of the controller at ``url`` (its /metrics is
+    served without the database); None when it does not answer."""
+    try:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    found = re.search(r"^hyperpod_controller_leader (\S+)$", text, re.M)
+    return float(found.group(1)) if found else None

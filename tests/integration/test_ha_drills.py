@@ -10,10 +10,8 @@ the dead one started exactly once, and never act while it cannot reach the store
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -63,15 +61,7 @@ def d(ha_cluster: LocalCluster) -> Iterator[Drill]:
 
 # ---------------------------------------------------------------------- reading
 def gauge(d: Drill, name: str) -> float | None:
-    """``hyperpod_controller_leader`` of controller ``name`` (served without the
-    database); None when it does not answer."""
-    try:
-        with urllib.request.urlopen(f"{d.services.url_of(name)}/metrics", timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return None
-    found = re.search(r"^hyperpod_controller_leader (\S+)$", text, re.M)
-    return float(found.group(1)) if found else None
+    return ha.leader_gauge(d.services.url_of(name))
 
 
 def leaders(d: Drill) -> list[str]:
