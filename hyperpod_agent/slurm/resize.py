@@ -31,7 +31,7 @@ _PENDING = re.compile(r"Pending job allocation (\d+)")
 # what 22.05's scontrol prints when NumNodes=ALL took the helper's nodes
 _ABSORBED_NOISE = "Unexpected message received"
 EXPAND_PREFIX = "hyperpod-expand-"
-ABSORB_WAIT_S = 1.0
+ABSORB_WAIT_S = 0.3
 
 
 class ResizeCalls(SlurmCalls):
