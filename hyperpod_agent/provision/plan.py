@@ -170,10 +170,12 @@ def build_plan(params: ProvisioningParameters, node: str, options: Options) -> P
                 [config.name, *install],
             )
         )
+    # Every node gets admin.toml: on workers, the step-retry helper of a job's
+    # srun --auto-resume finds the controller there.
+    key = "controller_url" if params.controller_url is not None else "controller_urls"
+    admin = _config("admin", render.admin_config_data(params), node, key)
+    steps.append(File(lay.etc / "admin.toml", admin, 0o644))
     if role.kind in ("controller", "login"):
-        key = "controller_url" if params.controller_url is not None else "controller_urls"
-        admin = _config("admin", render.admin_config_data(params), node, key)
-        steps.append(File(lay.etc / "admin.toml", admin, 0o644))
         checks.append(ControllerAnswers(params.urls(), options.verify_timeout_s))
     return Plan(node, role, lay, steps, checks)
 

@@ -225,7 +225,9 @@ def check_overrides(params: ProvisioningParameters, source: str) -> list[str]:
 def plugstack_line(params: ProvisioningParameters, layout: Layout) -> str:
     """The plugin named explicitly: configless slurmd does not expand wildcards."""
     ar = params.slurm.auto_resume
-    args = [f"statedir={layout.statedir}"]
+    # step_helper: an srun --auto-resume inside a job hands itself over to hyperpod's
+    # step-retry helper, which runs on the job's nodes.
+    args = [f"statedir={layout.statedir}", f"step_helper={layout.hyperpod_bin}"]
     if ar.checkpoint_root:
         args.append(f"checkpoint_root={ar.checkpoint_root}")
     if ar.max is not None:

@@ -96,12 +96,14 @@ def test_worker_writes_exactly_its_files(
         **DIRS,
         **UNIT_DIRS,
         "etc/hyperpod/agent.toml": "file 0644",
+        # the step-retry helper of a job's srun --auto-resume finds the controller here
+        "etc/hyperpod/admin.toml": "file 0644",
         "etc/systemd/system/hyperpod-agent.service": "file 0644",
         "etc/systemd/system/hyperpod-agent.service.d": "dir 0755",
         "etc/systemd/system/hyperpod-agent.service.d/provision.conf": "file 0644",
         f"{WANTS}/hyperpod-agent.service": "link -> ../hyperpod-agent.service",
     }
-    assert result.summary() == "node1: worker (group gpu): 15 of 16 steps changed"
+    assert result.summary() == "node1: worker (group gpu): 16 of 17 steps changed"
     agent = (prefix / "etc/hyperpod/agent.toml").read_text()
     assert f'cache_path = "{prefix}/run/hyperpod/health.json"' in agent
     assert 'node_name = "node1"' in agent and "expected_count = 8" in agent
@@ -116,11 +118,12 @@ def test_worker_writes_exactly_its_files(
     assert (prefix / "opt/hyperpod/lib/auto_resume.so").read_bytes() == PLUGIN_BYTES
     assert (prefix / "etc/slurm/plugstack.conf").read_text() == (
         f"{BEGIN}\nrequired {prefix}/opt/hyperpod/lib/auto_resume.so "
-        f"statedir={prefix}/var/lib/hyperpod/autoresume checkpoint_root=/fsx/ckpt\n{END}\n"
+        f"statedir={prefix}/var/lib/hyperpod/autoresume "
+        f"step_helper={prefix}/opt/hyperpod/venv/bin/hyperpod checkpoint_root=/fsx/ckpt\n{END}\n"
     )
     log = (prefix / "var/log/hyperpod/provision.log").read_text()
     assert "provisioning node1 as worker (group gpu)" in log
-    assert "15 of 16 steps changed" in log
+    assert "16 of 17 steps changed" in log
 
 
 def test_second_run_changes_nothing(params: dict[str, Any], prefix: Path, source: Path) -> None:
@@ -128,7 +131,7 @@ def test_second_run_changes_nothing(params: dict[str, Any], prefix: Path, source
     before = {p: p.stat().st_mtime_ns for p in prefix.rglob("*") if not p.is_symlink()}
     again = apply_plan(plan_for(params, "node1", prefix, source), verify=False)
     assert again.changed == []
-    assert again.summary() == "node1: worker (group gpu): no changes (16 steps already as desired)"
+    assert again.summary() == "node1: worker (group gpu): no changes (17 steps already as desired)"
     after = {p: p.stat().st_mtime_ns for p in prefix.rglob("*") if not p.is_symlink()}
     changed = {p for p in before if before[p] != after[p]}
     assert changed <= {prefix / "var/log/hyperpod/provision.log", prefix / "var/log/hyperpod"}
@@ -138,7 +141,7 @@ def test_dry_run_writes_nothing(params: dict[str, Any], prefix: Path, source: Pa
     result = apply_plan(plan_for(params, "node1", prefix, source), dry_run=True)
     assert not prefix.exists()
     assert not (source / "spank_plugin/auto_resume.so").exists()
-    assert len(result.changed) == 15
+    assert len(result.changed) == 16
     assert all(o.status == "would change" for o in result.changed)
     agent = next(o for o in result.outcomes if o.name.endswith("agent.toml"))
     assert agent.change is not None and '+node_name = "node1"' in agent.change.diff

@@ -124,7 +124,11 @@ def test_single_head_files_are_byte_identical() -> None:
         "admin.toml": SINGLE_ADMIN_TOML,
     }
     assert files(plan(data, "login1")) == {"admin.toml": SINGLE_ADMIN_TOML}
-    assert files(plan(data, "node1")) == {"agent.toml": SINGLE_AGENT_TOML}
+    # workers get admin.toml too: the step-retry helper of a job finds the controller there
+    assert files(plan(data, "node1")) == {
+        "agent.toml": SINGLE_AGENT_TOML,
+        "admin.toml": SINGLE_ADMIN_TOML,
+    }
     assert [c.name for c in plan(data, "head").checks] == [
         "verify: controller answers http://head:8787/v1/healthz"
     ]

@@ -126,7 +126,8 @@ def test_plugstack_line_names_the_plugin_explicitly() -> None:
     )
     assert line == (
         "required /p/opt/hyperpod/lib/auto_resume.so "
-        "statedir=/p/var/lib/hyperpod/autoresume max=5 default=2\n"
+        "statedir=/p/var/lib/hyperpod/autoresume step_helper=/p/opt/hyperpod/venv/bin/hyperpod "
+        "max=5 default=2\n"
     )
     assert "*" not in line
 
