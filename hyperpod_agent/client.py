@@ -305,9 +305,23 @@ class ControllerClient:
             body["started_at"] = datetime.fromtimestamp(started_at, UTC).isoformat()
         return self.request("POST", "/v1/steps/retry", body)
 
-    def step_watch(self, job_id: int, step_id: str, attempt: int, nodelist: str) -> Any:
+    def step_watch(
+        self,
+        job_id: int,
+        step_id: str,
+        attempt: int,
+        nodelist: str,
+        started_at: float | None = None,
+    ) -> Any:
         """``POST /v1/steps/watch``: the step runs; ``end`` says to end it now."""
-        body = {"job_id": job_id, "step_id": step_id, "attempt": attempt, "nodelist": nodelist}
+        body: dict[str, Any] = {
+            "job_id": job_id,
+            "step_id": step_id,
+            "attempt": attempt,
+            "nodelist": nodelist,
+        }
+        if started_at is not None:
+            body["started_at"] = datetime.fromtimestamp(started_at, UTC).isoformat()
         return self.request("POST", "/v1/steps/watch", body)
 
     def step_retry_state(self, retry_id: int) -> Any:

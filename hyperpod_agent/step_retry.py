@@ -55,7 +55,14 @@ class UsageError(HyperpodError):
 
 
 class Controller(Protocol):
-    def step_watch(self, job_id: int, step_id: str, attempt: int, nodelist: str) -> Any: ...
+    def step_watch(
+        self,
+        job_id: int,
+        step_id: str,
+        attempt: int,
+        nodelist: str,
+        started_at: float | None = None,
+    ) -> Any: ...
 
     def step_retry(
         self,
@@ -197,7 +204,9 @@ class StepRetry:
                 every = 1.0
                 continue
             try:
-                answer = self.controller.step_watch(self.job_id, self.step_id, attempt, nodes)
+                answer = self.controller.step_watch(
+                    self.job_id, self.step_id, attempt, nodes, launch.started_at
+                )
                 end, cause = bool(answer["end"]), str(answer.get("cause", ""))
                 every = min(max(float(answer.get("renew_every_s", 2.0)), 0.5), 30.0)
             except (HyperpodError, KeyError, TypeError, ValueError) as exc:

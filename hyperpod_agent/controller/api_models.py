@@ -302,6 +302,9 @@ class StepWatchIn(BaseModel):
     step_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._-]+$")
     attempt: int = Field(ge=1, le=1000, description="this launch of the step; 1 = first")
     nodelist: str = Field(min_length=1, max_length=65536, description="the job's nodes now")
+    started_at: datetime | None = Field(
+        default=None, description="when this launch began: faults older than it do not end it"
+    )
 
     @field_validator("nodelist")
     @classmethod

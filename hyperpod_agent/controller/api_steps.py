@@ -164,13 +164,17 @@ def _start(
 
 
 def _watch(controller: Controller, job: Job, body: StepWatchIn, who: str) -> StepWatchOut:
-    """Renew the step's watch; tell it to end when one of its nodes is to blame. The
-    step's own node list decides (the pass's view of the job may still hold a node a
-    surgery just took out), within the job's nodes."""
+    """Renew the step's watch; tell it to end when one of its nodes has a serious fault
+    that appeared since the launch began. Only faults: the pass's view of a node (out
+    under our reason, not responding) may be older than a resume, and a dead node ends
+    srun by itself. The step's own node list decides (the pass's view of the job may
+    still hold a node a surgery just took out), within the job's nodes."""
     store = controller.store
     now = controller.clock()
     nodes = [n for n in expand_hostlist(body.nodelist) if n in job.nodes]
-    snap = Snapshot(nodes=controller.nodes, jobs=[job], open_faults=store.open_faults())
+    began = body.started_at.timestamp() if body.started_at is not None else 0.0
+    fresh = [f for f in store.open_faults() if f.first_seen >= began]
+    snap = Snapshot(nodes={}, jobs=[job], open_faults=fresh)
     since = now - controller.config.auto_resume.fault_window_s  # open faults only here
     causes = [found[0] for n in nodes if (found := attributable(n, snap, since))]
     end = bool(causes) and job.state.upper() == "RUNNING"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -236,3 +237,23 @@ def test_jobs_show_their_step_retries(api: Api) -> None:
     )
     kinds = [e["kind"] for e in detail["events"]]
     assert "step_retry_shrink" in kinds and "step_retry_done" in kinds
+
+
+def test_a_fault_older_than_the_launch_does_not_end_it(api: Api) -> None:
+    # A node put back before its agent's fresh report: its old fault must not kill a
+    # step that has just started on it (the step's own failure would still count it).
+    api.controller.reconcile_once()
+    faulty(api)
+    later = datetime.fromtimestamp(api.controller.clock() + 5, UTC).isoformat()
+    assert watch(api, {**WATCH, "started_at": later}).json()["end"] is False
+    earlier = datetime.fromtimestamp(api.controller.clock() - 5, UTC).isoformat()
+    assert watch(api, {**WATCH, "started_at": earlier}).json()["end"] is True
+
+
+def test_a_node_drained_by_us_without_a_fault_does_not_end_the_step(api: Api) -> None:
+    # The pass's view may be older than a resume: only faults end a running step.
+    api.slurm.nodes["node2"] = replace(
+        api.slurm.nodes["node2"], flags=frozenset({"DRAIN"}), reason="hyperpod:drain x"
+    )
+    api.controller.reconcile_once()
+    assert watch(api).json()["end"] is False
