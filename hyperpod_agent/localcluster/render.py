@@ -129,17 +129,18 @@ def _node_line(shape: Shape, name: str, state: str) -> str:
     )
 
 
-def plugstack_conf(shape: Shape) -> str:
+def plugstack_conf(shape: Shape, services: bool = False) -> str:
     d = shape.dir
     # 'required': a plugin that fails to load makes sbatch/srun/slurmd fail loudly
     # instead of silently losing --auto-resume.
-    # step_helper: the hyperpod command of the Python that runs the cluster (its venv),
-    # which an srun --auto-resume inside a job hands itself over to.
-    helper = Path(sys.executable).parent / "hyperpod"
-    return (
-        f"required {d}/lib/auto_resume.so statedir={d}/autoresume "
-        f"checkpoint_root={d}/checkpoints step_helper={helper}\n"
+    line = (
+        f"required {d}/lib/auto_resume.so statedir={d}/autoresume checkpoint_root={d}/checkpoints"
     )
+    if services:
+        # With a controller to ask: an srun --auto-resume inside a job hands itself over
+        # to the hyperpod command of the Python that runs the cluster (its venv).
+        line += f" step_helper={Path(sys.executable).parent / 'hyperpod'}"
+    return line + "\n"
 
 
 JOB_SUBMIT_LUA = """\

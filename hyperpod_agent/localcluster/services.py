@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import deepchecks, ha, procs
+from hyperpod_agent.localcluster import deepchecks, ha, procs, render
 from hyperpod_agent.localcluster.namespaces import is_mount
 
 if TYPE_CHECKING:
@@ -330,6 +330,11 @@ class Services:
 
     def up(self) -> None:
         self.write_configs()
+        # srun --auto-resume inside a job may now ask the controller to retry its step
+        conf = self.dir / "etc" / "plugstack.conf"
+        tmp = conf.with_suffix(".new")
+        tmp.write_text(render.plugstack_conf(self.cluster.shape, services=True))
+        os.replace(tmp, conf)
         for node in self.cluster.shape.all_names:
             self.make_node_hardware(node)
         if self.cluster.shape.ha:

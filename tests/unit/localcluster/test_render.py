@@ -47,8 +47,11 @@ def test_plugstack_loads_the_plugin_with_strict_arguments() -> None:
     line = render.plugstack_conf(shape())
     assert line.startswith("required /x/c/lib/auto_resume.so ")
     assert "statedir=/x/c/autoresume" in line
-    # an srun --auto-resume inside a job hands over to this Python's hyperpod command
-    assert f"step_helper={Path(sys.executable).parent / 'hyperpod'}" in line.split()
+    assert "step_helper=" not in line  # no controller to ask
+    # with the services an srun --auto-resume inside a job hands over to this Python's
+    # hyperpod command
+    helper = f"step_helper={Path(sys.executable).parent / 'hyperpod'}"
+    assert helper in render.plugstack_conf(shape(), services=True).split()
 
 
 def test_job_submit_copies_auto_resume_to_admin_comment() -> None:
