@@ -57,6 +57,9 @@ def d(ha_cluster: LocalCluster) -> Iterator[Drill]:
         ha.start_database(ha_cluster.shape, fresh=False)
     for name in services.controllers:
         services.start_controller(name=name)
+    # A reboot a drill started must end before the cluster may stop: its slurmd would
+    # otherwise start after `down` and live on.
+    drill.reset_cluster(ha_cluster)
 
 
 # ---------------------------------------------------------------------- reading
