@@ -12,13 +12,13 @@ told once.
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hyperpod_agent.controller import intents, metrics
+from hyperpod_agent.controller import intents, metrics, records
 from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.providers.base import (
     Provider,
     ProviderError,
@@ -28,18 +28,12 @@ from hyperpod_agent.controller.providers.base import (
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
 from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_lease import Lease
-from hyperpod_agent.controller.store_rows import ActionRow, EventIn, FindingRow, TrackedJob
+from hyperpod_agent.controller.store_rows import ActionRow, EventIn, TrackedJob
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.models import Job, Node
 
 log = logging.getLogger(__name__)
 
-# Test-only hooks: exit abruptly at a point of an action, to prove that a restart
-# completes it exactly once. Never set in production. CRASH_AT names the point:
-# "intent" (committed, not applied) or "applied" (Slurm changed, not yet recorded),
-# optionally for one kind only ("applied:requeue").
-CRASH_ENV = "HYPERPOD_TEST_CRASH_AFTER_INTENT"
-CRASH_AT_ENV = "HYPERPOD_TEST_CRASH_AT"
 # Flap damping: these are not repeated on the same node within ``policy.cooldown_s``.
 # Drains are never delayed: a faulty node must leave service at once.
 COOLDOWN_KINDS = (Kind.RESUME.value, Kind.REBOOT.value, Kind.REPLACE.value)
@@ -84,13 +78,13 @@ class Executor:
         promised: set[str] = set()  # spares already given to a replacement in this pass
         for pa in decision.actions:
             if pa.kind in (Kind.EXHAUST, Kind.NOT_RETRIED):
-                self._job_verdict(pa, now)
+                records.job_verdict(self.store, pa, now)
                 continue
             if pa.kind is Kind.FINDING:
-                self._finding(pa, now)
+                records.finding(self.store, pa, now)
                 continue
             if pa.kind is Kind.CHECK:
-                self._check(pa, now)
+                records.check_run(self.store, pa, self.config.policy.dry_run, now)
                 continue
             if self._cooling(pa, now):
                 continue
@@ -142,62 +136,6 @@ class Executor:
             log.debug("%s %s: in cooldown", pa.kind.value, pa.node)
             return True
         return False
-
-    def _job_verdict(self, pa: PlannedAction, now: float) -> None:
-        """Bookkeeping for a job auto-resume leaves alone: budget spent (for good) or a
-        failure on healthy nodes (until a fault on its nodes turns up)."""
-        assert pa.job_id is not None
-        old = self.store.job(pa.job_id) or TrackedJob(pa.job_id, int(pa.params.get("cap", 0)))
-        state, kind = (
-            ("exhausted", "budget_spent") if pa.kind is Kind.EXHAUST else ("failed", "not_requeued")
-        )
-        message = f"job {pa.job_id}: not requeued: {pa.cause}"
-        self.store.upsert_job(
-            replace(old, last_cause=pa.cause, state=state, updated_at=now),
-            [EventIn(kind, message, pa.node, pa.job_id, pa.cause)],
-            now,
-        )
-        log.info("%s", message)
-
-    def _finding(self, pa: PlannedAction, now: float) -> None:
-        """Declare a hang or straggler once: the row and its event in one transaction."""
-        p = pa.params
-        finding = FindingRow(
-            0,
-            str(p["kind"]),
-            int(p["job_id"]),
-            int(p["restart_count"]),
-            str(p.get("node", "")),
-            int(p.get("step", -1)),
-            pa.cause,
-            now,
-        )
-        event = EventIn(finding.kind, pa.cause, pa.node, finding.job_id, pa.cause)
-        if self.store.add_finding(finding, event):
-            metrics.FINDINGS.labels(finding.kind).inc()
-            if isinstance(idle := p.get("idle_s"), int | float):
-                metrics.HANG_IDLE.observe(float(idle))
-            log.warning("%s", pa.cause)
-
-    def _check(self, pa: PlannedAction, now: float) -> None:
-        """Record a deep-check run; the check runner takes it through Slurm."""
-        p = pa.params
-        nodes = [str(n) for n in p["nodes"]]
-        if self.config.policy.dry_run:
-            self._event("dry_run", f"dry-run: would deep-check {', '.join(nodes)}", pa, now)
-            return
-        message = f"deep check ({p['purpose']}, {p['level']}) of {', '.join(nodes)}: {pa.cause}"
-        run_id = self.store.add_check_run(
-            nodes,
-            str(p["level"]),
-            str(p["purpose"]),
-            {str(k): str(v) for k, v in dict(p["prior"]).items()},
-            "controller",
-            False,
-            now,
-            EventIn("deep_check_planned", message, pa.node, None, pa.cause),
-        )
-        log.info("deep check run %d planned: %s", run_id, message)
 
     # -- open intents ---------------------------------------------------------------
     def process_open(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
@@ -441,11 +379,3 @@ def _target(pa: PlannedAction) -> str:
 
 def _row_target(row: ActionRow) -> str:
     return f"job {row.job_id}" if row.job_id is not None else str(row.node)
-
-
-def crash_from_env(point: str) -> None:
-    """The test hook: exit abruptly at ``point`` when CRASH_AT (or CRASH_ENV) names it."""
-    wanted = os.environ.get(CRASH_AT_ENV) or ("intent" if os.environ.get(CRASH_ENV) == "1" else "")
-    if wanted and (point == wanted or point.startswith(wanted + ":")):
-        log.critical("%s=%s: exiting abruptly", CRASH_AT_ENV, point)
-        os._exit(137)

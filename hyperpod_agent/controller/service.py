@@ -23,9 +23,10 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.actions import Executor, crash_from_env
+from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
+from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.deepcheck_run import CheckRunner
 from hyperpod_agent.controller.ingest import Heartbeat, Ingest
 from hyperpod_agent.controller.jobwatch import JobWatch

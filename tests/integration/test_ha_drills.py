@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from drill_helpers import Drill, wait_for
 
-from hyperpod_agent.controller.actions import CRASH_AT_ENV
+from hyperpod_agent.controller.crash import CRASH_AT_ENV
 from hyperpod_agent.localcluster import drill, ha, procs
 from hyperpod_agent.localcluster.cluster import LocalCluster
 
@@ -90,7 +90,7 @@ def takeovers(events: list[dict[str, Any]]) -> list[str]:
 
 
 def arm(d: Drill, point: str) -> str:
-    """Make the leader one that exits abruptly at ``point`` (actions.py's test hook);
+    """Make the leader one that exits abruptly at ``point`` (controller/crash.py);
     returns its name. The standby is restarted armed, then the leader stops cleanly
     (handing the lease over at once) and comes back as the unarmed standby."""
     services = d.services

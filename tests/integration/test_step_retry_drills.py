@@ -228,7 +228,7 @@ def test_a_step_the_user_cancels_is_not_retried(cluster: LocalCluster) -> None:
 
 @pytest.mark.parametrize("point", ["drain", "shrink", "absorb"])
 def test_controller_killed_mid_surgery_finishes_it_once(cluster: LocalCluster, point: str) -> None:
-    from hyperpod_agent.controller.actions import CRASH_AT_ENV
+    from hyperpod_agent.controller.crash import CRASH_AT_ENV
     from hyperpod_agent.localcluster import procs
 
     services = cluster.services

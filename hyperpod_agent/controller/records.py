@@ -1,0 +1,76 @@
+"""The plan's items that only write the state store, never Slurm: a job auto-resume
+leaves alone, a hang or straggler declared, a deep-check run planned (the check runner
+takes it through Slurm). Each is one transaction with its event."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller.snapshot import Kind, PlannedAction
+from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store_rows import EventIn, FindingRow, TrackedJob
+
+log = logging.getLogger(__name__)
+
+
+def job_verdict(store: Store, pa: PlannedAction, now: float) -> None:
+    """Bookkeeping for a job auto-resume leaves alone: budget spent (for good) or a
+    failure on healthy nodes (until a fault on its nodes turns up)."""
+    assert pa.job_id is not None
+    old = store.job(pa.job_id) or TrackedJob(pa.job_id, int(pa.params.get("cap", 0)))
+    state, kind = (
+        ("exhausted", "budget_spent") if pa.kind is Kind.EXHAUST else ("failed", "not_requeued")
+    )
+    message = f"job {pa.job_id}: not requeued: {pa.cause}"
+    store.upsert_job(
+        replace(old, last_cause=pa.cause, state=state, updated_at=now),
+        [EventIn(kind, message, pa.node, pa.job_id, pa.cause)],
+        now,
+    )
+    log.info("%s", message)
+
+
+def finding(store: Store, pa: PlannedAction, now: float) -> None:
+    """Declare a hang or straggler once: the row and its event in one transaction."""
+    p = pa.params
+    row = FindingRow(
+        0,
+        str(p["kind"]),
+        int(p["job_id"]),
+        int(p["restart_count"]),
+        str(p.get("node", "")),
+        int(p.get("step", -1)),
+        pa.cause,
+        now,
+    )
+    event = EventIn(row.kind, pa.cause, pa.node, row.job_id, pa.cause)
+    if store.add_finding(row, event):
+        metrics.FINDINGS.labels(row.kind).inc()
+        if isinstance(idle := p.get("idle_s"), int | float):
+            metrics.HANG_IDLE.observe(float(idle))
+        log.warning("%s", pa.cause)
+
+
+def check_run(store: Store, pa: PlannedAction, dry_run: bool, now: float) -> None:
+    """Record a deep-check run; the check runner takes it through Slurm."""
+    p = pa.params
+    nodes = [str(n) for n in p["nodes"]]
+    if dry_run:
+        message = f"dry-run: would deep-check {', '.join(nodes)}"
+        store.add_event("dry_run", message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
+        log.info("%s", message)
+        return
+    message = f"deep check ({p['purpose']}, {p['level']}) of {', '.join(nodes)}: {pa.cause}"
+    run_id = store.add_check_run(
+        nodes,
+        str(p["level"]),
+        str(p["purpose"]),
+        {str(k): str(v) for k, v in dict(p["prior"]).items()},
+        "controller",
+        False,
+        now,
+        EventIn("deep_check_planned", message, pa.node, None, pa.cause),
+    )
+    log.info("deep check run %d planned: %s", run_id, message)
