@@ -302,7 +302,7 @@ class ControllerClient:
             "cancelled": cancelled,
         }
         if started_at is not None:
-            body["started_at"] = datetime.fromtimestamp(started_at, UTC).isoformat()
+            body["started_at"] = _iso(started_at)
         return self.request("POST", "/v1/steps/retry", body)
 
     def step_watch(
@@ -321,7 +321,7 @@ class ControllerClient:
             "nodelist": nodelist,
         }
         if started_at is not None:
-            body["started_at"] = datetime.fromtimestamp(started_at, UTC).isoformat()
+            body["started_at"] = _iso(started_at)
         return self.request("POST", "/v1/steps/watch", body)
 
     def step_retry_state(self, retry_id: int) -> Any:
@@ -344,6 +344,10 @@ class _NotSent(Exception):
     def __init__(self, error: ControllerUnreachable) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def _iso(epoch: float) -> str:
+    return datetime.fromtimestamp(epoch, UTC).isoformat()
 
 
 def _seg(value: str) -> str:

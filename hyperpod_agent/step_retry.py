@@ -33,11 +33,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import IO, Any, Protocol
+from typing import IO, Any
 
 import click
 
-from hyperpod_agent.client import ControllerError, ControllerUnreachable
+from hyperpod_agent.client import ControllerClient, ControllerError, ControllerUnreachable
 from hyperpod_agent.errors import HyperpodError, SlurmParseError
 from hyperpod_agent.slurm.hostlist import compress_hostlist, expand_hostlist
 
@@ -52,31 +52,6 @@ TERM_GRACE_S = 30.0  # srun ended with SIGTERM gets this long before SIGKILL
 
 class UsageError(HyperpodError):
     """The helper was called wrongly: a one-line message, exit 2."""
-
-
-class Controller(Protocol):
-    def step_watch(
-        self,
-        job_id: int,
-        step_id: str,
-        attempt: int,
-        nodelist: str,
-        started_at: float | None = None,
-    ) -> Any: ...
-
-    def step_retry(
-        self,
-        job_id: int,
-        step_id: str,
-        exit_code: int,
-        nodelist: str,
-        attempt: int,
-        auto_resume: int,
-        cancelled: bool = False,
-        started_at: float | None = None,
-    ) -> Any: ...
-
-    def step_retry_state(self, retry_id: int) -> Any: ...
 
 
 def budget_from(argv: Sequence[str], env: Mapping[str, str]) -> int:
@@ -114,7 +89,7 @@ class StepRetry:
 
     argv: list[str]
     env: dict[str, str]
-    controller: Controller
+    controller: ControllerClient
     wait_s: float = 600.0
     reach_s: float = 60.0  # how long an unreachable controller (a restart) is retried
     poll_s: float = 0.25
@@ -183,7 +158,7 @@ class StepRetry:
         copier.join(10)
         watcher.join(10)
         self._child = None
-        launch.code = 128 - code if code < 0 else code
+        launch.code = _exit_code(code)
         launch.interrupted = self._interrupted
         return launch
 
@@ -315,6 +290,11 @@ def _valid(out: Any) -> bool:
     )
 
 
+def _exit_code(returncode: int) -> int:
+    """A shell's exit code for a process's return code (killed by signal N: 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
 def _first(nodelist: str) -> str:
     try:
         names = expand_hostlist(nodelist)
@@ -333,7 +313,7 @@ def _copy(stream: IO[bytes], launch: Launch) -> None:
         out.flush()
 
 
-def main(argv: Sequence[str], controller: Controller, wait_s: float, reach_s: float) -> int:
+def main(argv: Sequence[str], controller: ControllerClient, wait_s: float, reach_s: float) -> int:
     """Run the srun command line ``argv`` with step retry; srun's exit code."""
     if not argv:
         raise UsageError("give the srun command line after '--'")
@@ -384,4 +364,4 @@ def _plain(argv: Sequence[str]) -> int:
     except OSError as exc:
         click.echo(f"{PREFIX}: cannot run {argv[0]}: {exc.strerror or exc}", err=True)
         return 127
-    return 128 - code if code < 0 else code
+    return _exit_code(code)

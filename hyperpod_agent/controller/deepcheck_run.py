@@ -42,14 +42,11 @@ from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store_rows import EventIn
 from hyperpod_agent.errors import ConfigError, SlurmError
-from hyperpod_agent.slurm.models import Job, Node
+from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 
 log = logging.getLogger(__name__)
 
-ENDED = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-     "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-)  # fmt: skip
+ENDED = ENDED_STATES
 # a cancelled job is given this long to leave before the run goes on without it
 _CANCEL_GRACE_S = 60.0
 

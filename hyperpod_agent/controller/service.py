@@ -287,7 +287,7 @@ class Controller(Ingest):
             return None
         changed = self.executor.process_open(nodes, jobs, now)
         changed += self.checks.advance(nodes, jobs, now)
-        if self.steps.advance(now):
+        if self.steps.advance(now, jobs):
             changed += 1
             self.wake.set()  # a rolled-back surgery's requeue intent: the next pass applies it
         if changed:

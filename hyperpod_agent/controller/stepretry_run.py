@@ -30,7 +30,7 @@ import logging
 import os
 import pwd
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hyperpod_agent.controller import metrics
@@ -41,21 +41,21 @@ from hyperpod_agent.controller.store import Store
 from hyperpod_agent.controller.store_rows import EventIn
 from hyperpod_agent.controller.store_steps import StepRetry
 from hyperpod_agent.errors import SlurmError
-from hyperpod_agent.slurm.models import Job, Node
+from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 from hyperpod_agent.slurm.resize import EXPAND_PREFIX
 
 log = logging.getLogger(__name__)
 
-ENDED = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-     "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-)  # fmt: skip
+ENDED = ENDED_STATES
 STEPS = ("drain", "shrink", "expand", "absorb")
 # The spare's reservation outlives the allocation wait by this much, so one a crash
 # left behind expires by itself even if no controller deletes it.
 RESERVATION_SLACK_MIN = 10
 READ_BACK_TRIES, READ_BACK_PAUSE_S = 8, 0.25
 RESPONDING_TRIES = 40  # 10 s at READ_BACK_PAUSE_S
+# Left-over spare reservations are looked for this often (and after a failed delete);
+# helper allocations every pass, in the pass's own view of the jobs.
+SWEEP_EVERY_S = 600.0
 
 
 class SurgeryFailed(Exception):
@@ -79,35 +79,42 @@ class StepRetryRunner:
         self._crash_hook = crash_hook or (lambda point: None)
         self._timer = timer
         self._sleep = sleep
+        self._swept_at = float("-inf")  # reservations: at the first pass, then rarely
 
-    def advance(self, now: float) -> int:
-        """Every open surgery, through as many phases as Slurm allows; then the helper
-        allocations nobody owns are cancelled. How many surgeries changed Slurm."""
+    def advance(self, now: float, jobs: Sequence[Job] | None = None) -> int:
+        """The helper allocations and reservations nobody owns are removed, then every
+        open surgery goes through as many phases as Slurm allows. ``jobs``: the pass's
+        view of Slurm's jobs (read here when not given). How many changed Slurm."""
+        runs = self.store.open_step_retries()
         changed = 0
-        for run in self.store.open_step_retries():
+        try:
+            changed += self.cancel_orphans(now, jobs, {r.job_id for r in runs})
+        except SlurmError as exc:
+            log.warning("step retry: looking for left-over helper allocations: %s", exc)
+        for run in runs:
             try:
                 changed += 1 if self._surgery(run, now) else 0
             except SlurmError as exc:
                 # Reading Slurm failed, or a rollback step did: the next pass goes on
                 # from the phase the store has.
                 log.warning("step retry %d (%s): %s (retrying)", run.id, run.phase, exc)
-        try:
-            changed += self.cancel_orphans(now)
-        except SlurmError as exc:
-            log.warning("step retry: looking for left-over helper allocations: %s", exc)
         return changed
 
-    def cancel_orphans(self, now: float) -> int:
+    def cancel_orphans(
+        self, now: float, jobs: Sequence[Job] | None = None, owned: set[int] | None = None
+    ) -> int:
         """Cancel helper allocations (``hyperpod-expand-J``) no open surgery owns: left by
-        a surgery that ended, or whose job ended."""
-        owned = {r.job_id for r in self.store.open_step_retries()}
-        jobs = {j.job_id: j for j in self.slurm.list_jobs()}
+        a surgery that ended, or whose job ended; and, every SWEEP_EVERY_S, delete the
+        spare reservations of the same name no open surgery owns."""
+        if owned is None:
+            owned = {r.job_id for r in self.store.open_step_retries()}
+        by_id = {j.job_id: j for j in (self.slurm.list_jobs() if jobs is None else jobs)}
         cancelled = 0
-        for job in jobs.values():
+        for job in by_id.values():
             if not job.name.startswith(EXPAND_PREFIX) or job.state.upper() in ENDED:
                 continue
             parent_id = job.name[len(EXPAND_PREFIX) :]
-            parent = jobs.get(int(parent_id)) if parent_id.isdigit() else None
+            parent = by_id.get(int(parent_id)) if parent_id.isdigit() else None
             if parent is not None and parent.job_id in owned and parent.state == "RUNNING":
                 continue
             self.slurm.cancel(job.job_id)
@@ -116,6 +123,9 @@ class StepRetryRunner:
             self.store.add_event("step_retry_orphan", message, now, cause=why)
             log.warning("%s", message)
             cancelled += 1
+        if now - self._swept_at < SWEEP_EVERY_S:
+            return cancelled
+        self._swept_at = now
         for resv in self.slurm.reservations():
             parent_id = resv.name[len(EXPAND_PREFIX) :]
             if not resv.name.startswith(EXPAND_PREFIX) or (
@@ -194,20 +204,21 @@ class StepRetryRunner:
         if spare is None:
             raise SurgeryFailed(f"spare {run.spare} is no longer in Slurm")
         wait = self.config.auto_resume.step_retry_wait_s
+        held = any(r.name == run.helper_name for r in self.slurm.reservations())
         if spare.reason.strip() == SPARE:
             # Held for this job first: a job waiting for nodes would otherwise take the
             # spare between its resume and the helper allocation (Slurm schedules on
             # the resume), and the retry would wait for that job to end.
-            if all(r.name != run.helper_name for r in self.slurm.reservations()):
+            if not held:
                 minutes = int(wait // 60) + RESERVATION_SLACK_MIN
                 self.slurm.create_maint_reservation(run.helper_name, [run.spare], minutes, [_me()])
+                held = True
             self.slurm.resume(run.spare)  # leaves the pool, as the replace path does
             self._until_responding(run.spare)
         elif spare.drained:
             raise SurgeryFailed(
                 f"spare {run.spare} was taken since: its reason is {spare.reason!r}"
             )
-        held = any(r.name == run.helper_name for r in self.slurm.reservations())
         reservation = run.helper_name if held else None
         return self.slurm.allocate_expansion(run.job_id, run.spare, wait, reservation)
 
@@ -250,6 +261,7 @@ class StepRetryRunner:
             self.slurm.delete_reservation(run.helper_name)
         except SlurmError as exc:
             log.info("step retry %d: reservation %s kept for now: %s", run.id, run.helper_name, exc)
+            self._swept_at = float("-inf")  # the next pass's sweep deletes it
 
     # -- bookkeeping ----------------------------------------------------------------
     def _advanced(self, run: StepRetry, update: dict[str, Any], took: float, now: float) -> None:

@@ -69,11 +69,11 @@ class Services:
 
     @property
     def controller_port(self) -> int:
-        return self.cluster.shape.port_base + 2
+        return ha.controller_port(self.cluster.shape, "controller")
 
     @property
     def controller_url(self) -> str:
-        return f"http://127.0.0.1:{self.controller_port}"
+        return self.url_of("controller")
 
     @property
     def controllers(self) -> tuple[str, ...]:

@@ -33,6 +33,13 @@ class Node:
         return "NOT_RESPONDING" not in self.flags and self.state != "DOWN"
 
 
+# Job states after which a job holds no node and runs nothing.
+ENDED_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+     "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Job:
     job_id: int
