@@ -1,7 +1,7 @@
 """Handles on namespaces, kept as bind mounts under the cluster's run/ directory.
 
 A bind-mounted ``/proc/PID/ns/X`` keeps the namespace alive after its last process
-exits. We pin the UTS namespace of every slurmd we start (``run/ns/<node>.<pid>``) so
+exits. We pin the UTS namespace of every slurmd we start (``run/ns/<node>.<pid>.<start>``) so
 its inode number, by which ``down`` finds leftover processes, can never be handed to
 somebody else's new namespace; and the host's own UTS and time namespaces
 (``run/host-uts``, ``run/host-time``), which a fake-rebooted node's RebootProgram
@@ -43,9 +43,17 @@ def pin_host(run: Path) -> None:
             _bind(f"/proc/self/ns/{kind}", pin, f"the host's {kind} namespace")
 
 
+def pin_path(run: Path, name: str, pid: int, started: int | None) -> Path:
+    """Where node ``name``'s slurmd ``pid``, started at ``started`` (clock ticks since
+    boot), pins its namespace. The start time keeps the name unique when a later slurmd
+    gets a reused pid while the earlier pin is still mounted."""
+    return run / "ns" / f"{name}.{pid}.{started if started is not None else 0}"
+
+
 def pin_node(run: Path, name: str, pid: int) -> None:
     """Pin the UTS namespace ``pid`` (node ``name``'s slurmd) lives in."""
-    _bind(f"/proc/{pid}/ns/uts", run / "ns" / f"{name}.{pid}", f"{name}'s namespace")
+    pin = pin_path(run, name, pid, procs.start_time(pid))
+    _bind(f"/proc/{pid}/ns/uts", pin, f"{name}'s namespace")
 
 
 def _pinned(run: Path) -> dict[Path, str]:
