@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from hyperpod_agent.controller.config import load_config
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.localcluster import drill, ha
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.localcluster.services import Services

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hyperpod_agent import progress
-from hyperpod_agent import progress_format as fmt
+from hyperpod_agent.progress import format as fmt
 
 TARGET_NS = 2000.0
 

@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hyperpod_agent import progress_format as pf
 from hyperpod_agent.agent.progress_files import OPEN_DIR, read_record
 from hyperpod_agent.agent.progress_reader import ProgressReader
+from hyperpod_agent.progress import format as pf
 
 
 def write_records(root: Path, job_id: int, ranks: int, pid: int) -> None:

@@ -1,7 +1,7 @@
 """HTTP client of the controller API (``/v1``), used by the agent and the admin CLI.
 
 Standard library only (urllib), so the agent needs no HTTP dependency. Every request is
-authenticated by a :class:`~hyperpod_agent.auth.ClientAuth`; every failure becomes a
+authenticated by a :class:`~hyperpod_agent.auth.server.ClientAuth`; every failure becomes a
 typed, one-line :class:`ControllerUnreachable` or :class:`ControllerError`.
 
 A client may hold several controller URLs (controllers with ``[ha]``): a request that
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperpod_agent import __version__
-from hyperpod_agent.auth import ClientAuth
+from hyperpod_agent.auth.client import ClientAuth
 from hyperpod_agent.errors import ConfigError, HyperpodError
 
 ACTIONS = ("drain", "resume", "reboot", "replace")

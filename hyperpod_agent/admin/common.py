@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from hyperpod_agent.admin.config import resolve
-from hyperpod_agent.auth import ClientAuth
+from hyperpod_agent.auth.client import ClientAuth
 from hyperpod_agent.client import ControllerClient
 from hyperpod_agent.errors import HyperpodError
 

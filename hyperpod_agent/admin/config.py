@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hyperpod_agent.auth import AuthConfig
+from hyperpod_agent.auth.config import AuthConfig
 from hyperpod_agent.errors import ConfigError
 
 SYSTEM_CONFIG = Path("/etc/hyperpod/admin.toml")

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from hyperpod_agent.admin.common import NODE_NAME, one_line_errors
-from hyperpod_agent.auth import derive_key, read_secret
+from hyperpod_agent.auth.tokens import derive_key, read_secret
 from hyperpod_agent.errors import ConfigError
 
 

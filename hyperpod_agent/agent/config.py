@@ -21,7 +21,6 @@ from pydantic import (
     model_validator,
 )
 
-from hyperpod_agent import progress_format
 from hyperpod_agent.agent.cache import DEFAULT_CACHE_PATH
 from hyperpod_agent.agent.janitor import MemoryTierConfig
 from hyperpod_agent.agent.reporter import ReporterConfig
@@ -29,6 +28,7 @@ from hyperpod_agent.agent.verdict import VerdictConfig
 from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.probes.base import ProbeContext
 from hyperpod_agent.probes.registry import ProbesConfig
+from hyperpod_agent.progress import format as progress_format
 
 DEFAULT_CONFIG_PATH = Path("/etc/hyperpod/agent.toml")
 DEFAULT_METRICS_PORT = 9817

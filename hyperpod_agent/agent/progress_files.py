@@ -2,7 +2,7 @@
 
 Shared by the agent's reader (progress_reader.py) and its janitor (progress_janitor.py).
 Every open is relative to a directory descriptor and never follows a symbolic link; a
-record is read whole under its seqlock or not at all (see progress_format.py).
+record is read whole under its seqlock or not at all (see progress/format.py).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import re
 import stat
 from collections.abc import Iterator, Sequence
 
-from hyperpod_agent import progress_format as pf
 from hyperpod_agent.health import MAX_JOB_ID
+from hyperpod_agent.progress import format as pf
 
 MAX_RANKS = 256  # JobProgress.ranks holds no more
 MAX_NAMES = 1024  # entries looked at in one directory per cycle

@@ -1,7 +1,7 @@
 """Training ranks' progress records -> the per-job summary the agent reports.
 
 Each cycle the agent scans ``<progress_dir>/<job id>/<rank>.prog`` (layout in
-hyperpod_agent/progress_format.py) and summarises every record it can trust. The
+hyperpod_agent/progress/format.py) and summarises every record it can trust. The
 directory is shared by every user of the node, so a file is read only when:
 
 - its name and its directory's name are ASCII job id and rank, and neither is a
@@ -33,7 +33,6 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hyperpod_agent import progress_format as pf
 from hyperpod_agent.agent.progress_files import (
     MAX_DURATION_S,
     MAX_NAMES,
@@ -54,6 +53,7 @@ from hyperpod_agent.agent.progress_files import (
     with_status,
 )
 from hyperpod_agent.health import JobProgress, RankProgress
+from hyperpod_agent.progress import format as pf
 
 log = logging.getLogger(__name__)
 

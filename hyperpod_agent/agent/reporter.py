@@ -27,7 +27,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hyperpod_agent.agent.selfdrain import NodeSlurm, SelfDrain
-from hyperpod_agent.auth import AuthConfig, AuthError, ClientAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig, AuthError
 from hyperpod_agent.client import (
     ControllerClient,
     ControllerError,

@@ -26,9 +26,9 @@ from hyperpod_agent.controller.providers.base import (
     SlurmApi,
 )
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_lease import Lease
-from hyperpod_agent.controller.store_rows import ActionRow, EventIn, TrackedJob
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.lease import Lease
+from hyperpod_agent.controller.store.rows import ActionRow, EventIn, TrackedJob
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.models import Job, Node
 

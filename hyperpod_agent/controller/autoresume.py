@@ -20,7 +20,7 @@ from hyperpod_agent.controller.snapshot import (
     Snapshot,
     left_to_step_retry,
 )
-from hyperpod_agent.controller.store_rows import FaultRow
+from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.errors import SlurmParseError
 from hyperpod_agent.health import Action
 from hyperpod_agent.slurm.hostlist import expand_hostlist

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import click
 
-from hyperpod_agent.auth import ServerAuth
+from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, load_config
 from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.providers import make_provider
 from hyperpod_agent.controller.service import Controller
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.sdnotify import sd_notify
 
@@ -71,8 +71,8 @@ def build(config: ControllerConfig, config_path: Path | None) -> Controller:
 
 def serve(controller: Controller) -> None:
     """Run the loop in a thread and the API in this one until SIGTERM/SIGINT."""
-    from hyperpod_agent.controller.api import create_app
-    from hyperpod_agent.controller.api_server import make_server
+    from hyperpod_agent.controller.api.app import create_app
+    from hyperpod_agent.controller.api.server import make_server
 
     config = controller.config
 

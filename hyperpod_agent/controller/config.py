@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from hyperpod_agent.auth import AuthConfig
-from hyperpod_agent.controller.store_url import (
+from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.controller.store.url import (
     PostgresLocation,
     StoreLocation,
     parse_store_url,

@@ -12,7 +12,7 @@ from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.jobwatch import JobWatch
 from hyperpod_agent.controller.report_faults import faults_from_report
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.errors import HyperpodError
 from hyperpod_agent.health import Action, NodeReport, Verdict
 from hyperpod_agent.slurm.models import Job

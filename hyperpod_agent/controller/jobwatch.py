@@ -18,8 +18,8 @@ from hyperpod_agent.controller.resume_marker import (
     stat_marker,
 )
 from hyperpod_agent.controller.snapshot import Snapshot
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_rows import EventIn
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.slurm.models import Job
 
 log = logging.getLogger(__name__)

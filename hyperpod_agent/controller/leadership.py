@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.ingest import Rejected
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_lease import Lease
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.lease import Lease
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,11 @@ import logging
 from collections import defaultdict
 from dataclasses import replace
 
-from hyperpod_agent.controller import autoresume, deepcheck_plan, hang_plan, safety
-from hyperpod_agent.controller import hangs as hang_rules
+from hyperpod_agent.controller import autoresume, safety
 from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
+from hyperpod_agent.controller.deepcheck import plan as deepcheck_plan
+from hyperpod_agent.controller.hangs import judge as hang_rules
+from hyperpod_agent.controller.hangs import plan as hang_plan
 from hyperpod_agent.controller.intents import REBOOT_FLAGS
 from hyperpod_agent.controller.reasons import (
     SPARE,
@@ -39,7 +41,7 @@ from hyperpod_agent.controller.snapshot import (
     Snapshot,
     left_to_step_retry,
 )
-from hyperpod_agent.controller.store_rows import FaultRow
+from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action, Verdict
 from hyperpod_agent.slurm.models import Node
 

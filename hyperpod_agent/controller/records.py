@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_rows import EventIn, FindingRow, TrackedJob
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.rows import EventIn, FindingRow, TrackedJob
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hyperpod_agent.controller.config import PolicyConfig
-from hyperpod_agent.controller.store_rows import FaultIn
+from hyperpod_agent.controller.store.rows import FaultIn
 from hyperpod_agent.health import Action, Finding, NodeReport, ProbeResult, Status, Verdict
 
 

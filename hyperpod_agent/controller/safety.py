@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from hyperpod_agent.controller.config import PolicyConfig
 from hyperpod_agent.controller.reasons import SPARE, Verb, parse_reason
 from hyperpod_agent.controller.snapshot import PlannedAction, PlannedEvent, Snapshot
-from hyperpod_agent.controller.store_rows import FaultRow
+from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action
 from hyperpod_agent.slurm.models import Node
 

@@ -27,7 +27,7 @@ from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
 from hyperpod_agent.controller.crash import crash_from_env
-from hyperpod_agent.controller.deepcheck_run import CheckRunner
+from hyperpod_agent.controller.deepcheck.run import CheckRunner
 from hyperpod_agent.controller.ingest import Heartbeat, Ingest
 from hyperpod_agent.controller.jobwatch import JobWatch
 from hyperpod_agent.controller.leadership import Leadership
@@ -36,10 +36,10 @@ from hyperpod_agent.controller.providers.base import Provider, ProviderError, Sl
 from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Decision, Kind, NodeHealth, PlannedAction, Snapshot
-from hyperpod_agent.controller.stepretry_run import StepRetryRunner
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_lease import Lease, LeaseLost
-from hyperpod_agent.controller.store_rows import NodeRow, TrackedJob
+from hyperpod_agent.controller.stepretry.run import StepRetryRunner
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.lease import Lease, LeaseLost
+from hyperpod_agent.controller.store.rows import NodeRow, TrackedJob
 from hyperpod_agent.errors import ConfigError, SlurmError
 from hyperpod_agent.health import JobProgress, Verdict
 from hyperpod_agent.slurm.models import Job, Node

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hyperpod_agent.controller.store_checks import NodeOutcome
-from hyperpod_agent.controller.store_rows import ActionRow, FaultRow, FindingRow, TrackedJob
+from hyperpod_agent.controller.store.checks import NodeOutcome
+from hyperpod_agent.controller.store.rows import ActionRow, FaultRow, FindingRow, TrackedJob
 from hyperpod_agent.health import JobProgress, Verdict
 from hyperpod_agent.slurm.models import Job, Node
 

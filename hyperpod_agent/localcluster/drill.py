@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hyperpod_agent import progress_format
 from hyperpod_agent.errors import HyperpodError
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.progress_format import Record
+from hyperpod_agent.progress import format as progress_format
+from hyperpod_agent.progress.format import Record
 from hyperpod_agent.slurm.client import SlurmClient
 from hyperpod_agent.slurm.hostlist import expand_hostlist
 from hyperpod_agent.slurm.models import Job

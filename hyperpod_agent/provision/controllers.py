@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hyperpod_agent.controller.config import HaConfig
-from hyperpod_agent.controller.store_url import parse_store_url
+from hyperpod_agent.controller.store.url import parse_store_url
 
 # What hyperpod-controller.service hides from itself, and the setting that does.
 HIDDEN_FROM_UNIT = {

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from hyperpod_agent.auth import AuthConfig, ClientAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
 from hyperpod_agent.slurm.client import SlurmClient
 from hyperpod_agent.slurm.models import Node
 

@@ -29,8 +29,10 @@ from typing import Any
 import pytest
 from munge_helpers import encode_as_nobody, start_munged, stop_daemon
 
-from hyperpod_agent import _munge
-from hyperpod_agent.auth import AuthConfig, ClientAuth, body_digest
+from hyperpod_agent.auth import munge as _munge
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.tokens import body_digest
 
 pytestmark = pytest.mark.root
 

@@ -17,16 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from munge_helpers import NOBODY, encode_as_nobody, start_munged, stop_daemon
 
-from hyperpod_agent import _munge
 from hyperpod_agent.admin.cli import status
-from hyperpod_agent.auth import (
-    AuthConfig,
-    AuthError,
-    ClientAuth,
-    Identity,
-    ServerAuth,
-    body_digest,
-)
+from hyperpod_agent.auth import munge as _munge
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig, AuthError, Identity
+from hyperpod_agent.auth.server import ServerAuth
+from hyperpod_agent.auth.tokens import body_digest
 
 pytestmark = pytest.mark.root
 

@@ -23,7 +23,8 @@ from typing import Any
 
 import pytest
 
-from hyperpod_agent.auth import AuthConfig, ClientAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
 from hyperpod_agent.client import ControllerClient
 from hyperpod_agent.provision.apply import apply_plan
 from hyperpod_agent.provision.models import parse_parameters

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from hyperpod_agent.auth import AuthConfig, AuthError, Identity, ServerAuth
+from hyperpod_agent.auth.config import AuthConfig, AuthError, Identity
+from hyperpod_agent.auth.server import ServerAuth
 
 
 @dataclass

@@ -7,7 +7,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from hyperpod_agent.admin.keys import auth
-from hyperpod_agent.auth import AuthConfig, ClientAuth, ServerAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.server import ServerAuth
 
 
 def test_secret_and_node_key_authenticate(tmp_path: Path) -> None:

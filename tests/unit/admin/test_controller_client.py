@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hyperpod_agent.auth import AuthConfig, ClientAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
 from hyperpod_agent.client import (
     ControllerClient,
     ControllerError,

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hyperpod_agent import progress_format as pf
+from hyperpod_agent.progress import format as pf
 
 
 def encode(

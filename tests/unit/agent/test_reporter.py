@@ -19,7 +19,9 @@ from pydantic import ValidationError
 
 from hyperpod_agent.agent.reporter import Reporter, ReporterConfig, fingerprint
 from hyperpod_agent.agent.selfdrain import self_drain_reason
-from hyperpod_agent.auth import AuthConfig, ServerAuth, derive_key
+from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.server import ServerAuth
+from hyperpod_agent.auth.tokens import derive_key
 from hyperpod_agent.health import (
     Action,
     FaultRef,

@@ -7,7 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hyperpod_agent.auth import AuthConfig, AuthError, ClientAuth, ServerAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig, AuthError
+from hyperpod_agent.auth.server import ServerAuth
 
 NOW = 1_800_000_000.0
 FUZZ = settings(

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hyperpod_agent.auth import AuthConfig, AuthError, ClientAuth, Identity, ServerAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig, AuthError, Identity
+from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.errors import ConfigError
 
 
@@ -32,7 +34,7 @@ def test_config_rejects_bad_values(fields: dict[str, object], message: str) -> N
 
 
 def test_none_mode_warns_and_trusts_the_claim(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="hyperpod_agent.auth"):
+    with caplog.at_level(logging.WARNING, logger="hyperpod_agent.auth.server"):
         server = ServerAuth(AuthConfig(mode="none"))
     assert "authentication is disabled" in caplog.text
     headers = ClientAuth(AuthConfig(mode="none"), "node3").headers("POST", "/v1/reports", b"")

@@ -3,8 +3,7 @@ push others out or lock them out, whatever it stamps on its credentials."""
 
 from __future__ import annotations
 
-from hyperpod_agent.auth import ReplayCache
-from hyperpod_agent.auth_tokens import Refusal
+from hyperpod_agent.auth.tokens import Refusal, ReplayCache
 
 NOW = 1_000.0
 REPLAYED = Refusal(401, "replayed credential")

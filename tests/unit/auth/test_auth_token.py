@@ -6,17 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.auth import (
-    AuthConfig,
-    AuthError,
-    ClientAuth,
-    Identity,
-    ServerAuth,
-    derive_key,
-    require_admin,
-    require_node,
-    token_signature,
-)
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig, AuthError, Identity, require_admin, require_node
+from hyperpod_agent.auth.server import ServerAuth
+from hyperpod_agent.auth.tokens import derive_key, token_signature
 from hyperpod_agent.errors import ConfigError
 
 SECRET = b"s" * 48

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from store_helpers import PG_PASSWORD, PG_ROLE, StoreTarget, port_free
 
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_url import PostgresLocation, parse_store_url
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.url import PostgresLocation, parse_store_url
 from hyperpod_agent.localcluster.postgres import (
     PostgresError,
     PostgresServer,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.snapshot import NodeHealth
-from hyperpod_agent.controller.store_rows import ActionRow, FaultRow
+from hyperpod_agent.controller.store.rows import ActionRow, FaultRow
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.health import Verdict
 from hyperpod_agent.slurm.maint import Reservation

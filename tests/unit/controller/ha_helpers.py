@@ -13,8 +13,8 @@ from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.url import PostgresLocation
 
 TTL = 6.0
 RENEW = 2.0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import psycopg
 
-from hyperpod_agent.controller.store_url import PostgresLocation, StoreLocation
+from hyperpod_agent.controller.store.url import PostgresLocation, StoreLocation
 
 PG_ROLE = "hyperpod"
 PG_PASSWORD = "s3cret-for-tests"
@@ -41,7 +41,7 @@ OPEN_IN_CHILD = (
     "import sys\n"
     "from pathlib import Path\n"
     "from hyperpod_agent.controller.store import Store\n"
-    "from hyperpod_agent.controller.store_url import store_location\n"
+    "from hyperpod_agent.controller.store.url import store_location\n"
     "s = Store(store_location(sys.argv[1], Path(sys.argv[2]) if sys.argv[2] else None, "
     "Path('/nonexistent')))\n"
 )

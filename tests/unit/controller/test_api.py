@@ -19,12 +19,14 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2.*")
     from fastapi.testclient import TestClient
 
-from hyperpod_agent.auth import AuthConfig, AuthError, ClientAuth, ServerAuth
-from hyperpod_agent.controller.api import create_app
-from hyperpod_agent.controller.api_rejections import Rejections
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig, AuthError
+from hyperpod_agent.auth.server import ServerAuth
+from hyperpod_agent.controller.api.app import create_app
+from hyperpod_agent.controller.api.rejections import Rejections
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 
 
 class Api:
@@ -435,7 +437,7 @@ def test_huge_ids_are_4xx(api: Api) -> None:
 def test_hangs_and_stragglers_show_in_jobs_and_node_show(api: Api) -> None:
     from ctl_helpers import job
 
-    from hyperpod_agent.controller.store_rows import EventIn, FindingRow
+    from hyperpod_agent.controller.store.rows import EventIn, FindingRow
 
     now = time.time()
     running = job(77, nodes=("node1", "node2"), auto_resume=None)

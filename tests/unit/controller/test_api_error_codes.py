@@ -7,9 +7,9 @@ import ast
 import re
 from pathlib import Path
 
-from hyperpod_agent.controller import api
-from hyperpod_agent.controller.api_guard import AUTH_CODES
-from hyperpod_agent.controller.api_models import ERROR_CODES
+from hyperpod_agent.controller.api import app as api
+from hyperpod_agent.controller.api.guard import AUTH_CODES
+from hyperpod_agent.controller.api.models import ERROR_CODES
 
 ROOT = Path(__file__).resolve().parents[3]
 CONTROLLER = ROOT / "hyperpod_agent" / "controller"

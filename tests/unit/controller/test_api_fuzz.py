@@ -16,11 +16,12 @@ from ctl_helpers import FakeSlurm, cluster, config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hyperpod_agent.auth import AuthConfig, ServerAuth
-from hyperpod_agent.controller.api import create_app
+from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.server import ServerAuth
+from hyperpod_agent.controller.api.app import create_app
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2.*")

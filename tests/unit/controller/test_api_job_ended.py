@@ -9,7 +9,7 @@ import pytest
 from ctl_helpers import job
 from test_api import Api, error_of
 
-from hyperpod_agent.controller.store_rows import TrackedJob
+from hyperpod_agent.controller.store.rows import TrackedJob
 
 
 @pytest.fixture

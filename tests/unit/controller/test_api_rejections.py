@@ -13,10 +13,10 @@ import pytest
 from test_api import Api, error_of, now_iso, report
 
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.api_models import ERROR_CODES
-from hyperpod_agent.controller.api_rejections import Rejections
+from hyperpod_agent.controller.api.models import ERROR_CODES
+from hyperpod_agent.controller.api.rejections import Rejections
 
-LOGGER = "hyperpod_agent.controller.api_rejections"
+LOGGER = "hyperpod_agent.controller.api.rejections"
 
 
 class Clock:

@@ -15,7 +15,8 @@ import pytest
 from test_api import Api
 
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.api_server import MAX_HEADER_BYTES, make_server
+from hyperpod_agent.controller.api.guard import MAX_HEADER_BYTES
+from hyperpod_agent.controller.api.server import make_server
 
 TIMEOUT_S = 10.0
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from test_api import Api, error_of, report
 
-from hyperpod_agent.auth import AuthError, Identity
-from hyperpod_agent.controller.api_steps import may_ask
+from hyperpod_agent.auth.config import AuthError, Identity
+from hyperpod_agent.controller.api.steps import may_ask
 from hyperpod_agent.slurm.models import Job
 
 JOB = Job(job_id=12, name="train", state="RUNNING", nodes=("node1", "node2", "node3"), uid=1000)

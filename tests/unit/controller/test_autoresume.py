@@ -10,7 +10,7 @@ from ctl_helpers import NOW, action_row, cluster, config, fault, healthy, job, n
 
 from hyperpod_agent.controller.autoresume import cap_of, plan
 from hyperpod_agent.controller.snapshot import Kind, NodeHealth, Snapshot
-from hyperpod_agent.controller.store_rows import FaultRow, TrackedJob
+from hyperpod_agent.controller.store.rows import FaultRow, TrackedJob
 from hyperpod_agent.health import Verdict
 from hyperpod_agent.slurm.models import Job, Node
 

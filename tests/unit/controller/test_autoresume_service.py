@@ -16,8 +16,8 @@ from hyperpod_agent.controller.jobwatch import FOLLOW_UP_FOR_S, FOLLOW_UP_S
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_rows import TrackedJob
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.rows import TrackedJob
 
 DRAINED = ("DRAIN",)
 

@@ -13,7 +13,7 @@ from hyperpod_agent.controller.cli import check_watchdog
 from hyperpod_agent.controller.providers.base import ProviderError
 from hyperpod_agent.controller.providers.command import CommandProvider, run_bounded
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.errors import ConfigError
 
 REASON = "hyperpod:replace gpu0 xid54 x"

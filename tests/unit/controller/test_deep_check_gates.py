@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 from ctl_helpers import NOW, cluster, config, healthy, node
 
-from hyperpod_agent.controller.deepcheck_plan import gate, plan_spare_checks
+from hyperpod_agent.controller.deepcheck.plan import gate, plan_spare_checks
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.replacement import SparePool, spare_ready
 from hyperpod_agent.controller.snapshot import Kind, Snapshot
-from hyperpod_agent.controller.store_checks import NodeOutcome
+from hyperpod_agent.controller.store.checks import NodeOutcome
 
 SPARE = "hyperpod:spare"
 REBOOTED = "hyperpod:reboot gpu3 xid79 XID 79 : reboot issued"

@@ -13,11 +13,11 @@ import pytest
 from ctl_helpers import NOW, FakeSlurm, cluster, node
 
 from hyperpod_agent.controller.config import DeepCheckConfig
-from hyperpod_agent.controller.deepcheck_outcomes import DRAIN_FIRST_REASON
-from hyperpod_agent.controller.deepcheck_run import CheckRunner
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_checks import CheckRun
-from hyperpod_agent.controller.store_rows import EventIn
+from hyperpod_agent.controller.deepcheck.outcomes import DRAIN_FIRST_REASON
+from hyperpod_agent.controller.deepcheck.run import CheckRunner
+from hyperpod_agent.controller.store.checks import CheckRun
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.deepcheck.model import CheckOutcome, CheckResult, SuiteResult
 
 SPARE = "hyperpod:spare"

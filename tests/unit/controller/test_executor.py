@@ -17,7 +17,7 @@ from hyperpod_agent.controller.providers.base import ReplaceStatus
 from hyperpod_agent.controller.providers.command import CommandProvider
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 
 REASON = "hyperpod:reset gpu0 xid46 boom"
 

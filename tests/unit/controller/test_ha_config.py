@@ -11,7 +11,7 @@ from test_api import Api
 
 from hyperpod_agent.controller.cli import build
 from hyperpod_agent.controller.config import DEFAULT_PORT, ControllerConfig, parse_config
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.store.url import PostgresLocation
 from hyperpod_agent.errors import ConfigError, HyperpodError
 
 P = Path("/etc/hyperpod/controller.toml")

@@ -15,16 +15,18 @@ from ctl_helpers import FakeSlurm, cluster
 from ha_helpers import Member
 from store_helpers import port_free
 
-from hyperpod_agent.auth import AuthConfig, ClientAuth, ServerAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.client import (
     ControllerClient,
     ControllerError,
     ControllerUnreachable,
     parse_urls,
 )
-from hyperpod_agent.controller.api import create_app
-from hyperpod_agent.controller.api_server import make_server
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.api.app import create_app
+from hyperpod_agent.controller.api.server import make_server
+from hyperpod_agent.controller.store.url import PostgresLocation
 from hyperpod_agent.errors import ConfigError
 
 PORTS = range(18500, 18600)

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from store_helpers import port_free
 
-from hyperpod_agent.auth import AuthConfig, ClientAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
 from hyperpod_agent.client import ControllerClient, ControllerError, ControllerUnreachable
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.url import PostgresLocation
 
 pytestmark = pytest.mark.pg
 PORTS = range(18500, 18600)

@@ -18,12 +18,14 @@ with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2.*")
     from fastapi.testclient import TestClient
 
-from hyperpod_agent.auth import AuthConfig, ClientAuth, ServerAuth
+from hyperpod_agent.auth.client import ClientAuth
+from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.api import create_app
-from hyperpod_agent.controller.api_models import ERROR_CODES
-from hyperpod_agent.controller.store_lease import LeaseLost
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.api.app import create_app
+from hyperpod_agent.controller.api.models import ERROR_CODES
+from hyperpod_agent.controller.store.lease import LeaseLost
+from hyperpod_agent.controller.store.url import PostgresLocation
 
 pytestmark = pytest.mark.pg
 SLURM_ACTIONS = {"drain", "resume", "reboot", "requeue", "cancel", "node"}

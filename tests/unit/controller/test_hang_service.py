@@ -12,7 +12,7 @@ from test_service import make
 
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.health import JobProgress, NodeReport, RankProgress, Verdict
 
 JOB = 9

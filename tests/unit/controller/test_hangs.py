@@ -6,10 +6,10 @@ from dataclasses import replace
 
 from ctl_helpers import NOW, config, fault, healthy, job, node, ts
 
-from hyperpod_agent.controller.hangs import judge
+from hyperpod_agent.controller.hangs.judge import judge
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.snapshot import Decision, Kind, NodeHealth, Snapshot
-from hyperpod_agent.controller.store_rows import FindingRow
+from hyperpod_agent.controller.store.rows import FindingRow
 from hyperpod_agent.health import JobProgress, RankProgress
 from hyperpod_agent.slurm.models import Job
 

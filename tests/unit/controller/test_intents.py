@@ -10,7 +10,7 @@ from store_helpers import INTEGRITY_ERRORS
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 
 OURS = "hyperpod:reset gpu0 xid46 boom"
 

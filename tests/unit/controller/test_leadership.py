@@ -11,8 +11,8 @@ from ha_helpers import RENEW, TTL, Clock
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.leadership import Leadership
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.url import PostgresLocation
 
 pytestmark = pytest.mark.pg
 ROUNDS = 20

@@ -20,7 +20,7 @@ from ctl_helpers import (
 
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.snapshot import Kind, NodeHealth, Snapshot
-from hyperpod_agent.controller.store_rows import ActionRow, FaultRow
+from hyperpod_agent.controller.store.rows import ActionRow, FaultRow
 from hyperpod_agent.slurm.models import Job, Node
 
 

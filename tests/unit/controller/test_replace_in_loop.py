@@ -15,7 +15,7 @@ from ctl_helpers import NOW, cluster, config, fault, faulty, healthy, job, node
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Decision, Kind, Snapshot
-from hyperpod_agent.controller.store_rows import FaultRow, TrackedJob
+from hyperpod_agent.controller.store.rows import FaultRow, TrackedJob
 from hyperpod_agent.slurm.models import Job, Node
 
 DRAINED = ("DRAIN",)

@@ -6,7 +6,7 @@ from ctl_helpers import NOW, action_row, config, fault, faulty, healthy, node
 
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.snapshot import Decision, Kind, Snapshot
-from hyperpod_agent.controller.store_rows import FaultRow
+from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.slurm.models import Node
 
 DRAINED = ("DRAIN",)

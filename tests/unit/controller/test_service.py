@@ -14,7 +14,7 @@ from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.health import (
     Action,
     FaultRef,

@@ -7,7 +7,7 @@ from ctl_helpers import NOW, cluster, config, fault, faulty, healthy, job, node
 
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.snapshot import Snapshot
-from hyperpod_agent.controller.store import Store
+from hyperpod_agent.controller.store.facade import Store
 
 TTL = 10.0
 

@@ -9,13 +9,8 @@ import pytest
 from ctl_helpers import NOW, action_row, cluster, config, fault, faulty, healthy, node
 
 from hyperpod_agent.controller.snapshot import Snapshot
-from hyperpod_agent.controller.stepretry_plan import (
-    Outcome,
-    StepFailure,
-    backoff_s,
-    decide_step,
-)
-from hyperpod_agent.controller.store_rows import ActionRow, FaultRow
+from hyperpod_agent.controller.stepretry.plan import Outcome, StepFailure, backoff_s, decide_step
+from hyperpod_agent.controller.store.rows import ActionRow, FaultRow
 from hyperpod_agent.slurm.models import Job, Node
 
 SPARE5 = node("node5", flags=("DRAIN",), reason="hyperpod:spare")

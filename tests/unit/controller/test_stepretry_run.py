@@ -10,10 +10,10 @@ from ctl_helpers import NOW, FakeSlurm, cluster, config, node
 
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
-from hyperpod_agent.controller.stepretry_run import ENDED, StepRetryRunner
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_rows import EventIn, TrackedJob
-from hyperpod_agent.controller.store_steps import StepRetry
+from hyperpod_agent.controller.stepretry.run import ENDED, StepRetryRunner
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.rows import EventIn, TrackedJob
+from hyperpod_agent.controller.store.steps import StepRetry
 from hyperpod_agent.slurm.models import Job, Node
 
 REASON = "hyperpod:replace gpu3 xid79 boom"
@@ -303,7 +303,7 @@ def test_the_spare_is_asked_for_once_slurm_has_it_responding_again(store: Store)
 
 def test_fault_to_ready_is_measured_from_the_faults_first_sighting(store: Store) -> None:
     from hyperpod_agent.controller import metrics
-    from hyperpod_agent.controller.store_rows import FaultIn
+    from hyperpod_agent.controller.store.rows import FaultIn
 
     def count() -> float:
         return metrics.REGISTRY.get_sample_value("hyperpod_step_retry_fault_seconds_count") or 0

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from store_helpers import INTEGRITY_ERRORS, OPEN_IN_CHILD, StoreTarget, target_argv
 
-from hyperpod_agent.controller.store import MIGRATIONS, Store
-from hyperpod_agent.controller.store_rows import FaultIn, TrackedJob
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.rows import FaultIn, TrackedJob
+from hyperpod_agent.controller.store.schema import MIGRATIONS
 from hyperpod_agent.errors import ConfigError
 
 OpenStore = Callable[[StoreTarget], Store]
@@ -203,8 +204,8 @@ def test_prune_forgets_old_history_but_never_open_state(store: Store) -> None:
 
 
 def test_deep_check_runs_and_outcomes(store: Store) -> None:
-    from hyperpod_agent.controller.store_checks import NodeOutcome
-    from hyperpod_agent.controller.store_rows import EventIn
+    from hyperpod_agent.controller.store.checks import NodeOutcome
+    from hyperpod_agent.controller.store.rows import EventIn
 
     ev = EventIn("deep_check_planned", "planned")
     first = store.add_check_run(

@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from store_helpers import OPEN_IN_CHILD, StoreTarget, target_argv
 
 from hyperpod_agent.controller.cli import controller
-from hyperpod_agent.controller.store import MIGRATIONS, Store
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.schema import MIGRATIONS
+from hyperpod_agent.controller.store.url import PostgresLocation
 from hyperpod_agent.errors import ConfigError, HyperpodError
 
 OpenStore = Callable[[StoreTarget], Store]

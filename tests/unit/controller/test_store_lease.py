@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 from store_helpers import StoreTarget
 
-from hyperpod_agent.controller.store import Store
-from hyperpod_agent.controller.store_lease import Lease, LeaseLost
-from hyperpod_agent.controller.store_url import PostgresLocation
+from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.lease import Lease, LeaseLost
+from hyperpod_agent.controller.store.url import PostgresLocation
 
 OpenStore = Callable[[StoreTarget], Store]
 TTL = 30.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hyperpod_agent.controller.config import parse_config
-from hyperpod_agent.controller.store_url import (
+from hyperpod_agent.controller.store.url import (
     PostgresLocation,
     SqliteLocation,
     parse_store_url,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hyperpod_agent import progress
-from hyperpod_agent import progress_format as fmt
+from hyperpod_agent.progress import format as fmt
 
 JOB, RANK = 4242, 3
 _ENV = ("SLURM_JOB_ID", "SLURM_PROCID", "RANK", "HYPERPOD_HANG_FACTOR", "HYPERPOD_HANG_MIN_S")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from hyperpod_agent import progress
-from hyperpod_agent import progress_format as fmt
 from hyperpod_agent.checkpoint import Checkpointer, CheckpointError
+from hyperpod_agent.progress import format as fmt
 
 from .conftest import read, read_consistent
 

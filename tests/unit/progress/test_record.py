@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hyperpod_agent import progress
-from hyperpod_agent import progress_format as fmt
+from hyperpod_agent.progress import format as fmt
 
 from .conftest import JOB, RANK, read
 

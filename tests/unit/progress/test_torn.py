@@ -16,7 +16,7 @@ from .conftest import REPO
 READER = """
 import json, os, sys, time
 from pathlib import Path
-from hyperpod_agent import progress_format as fmt
+from hyperpod_agent.progress import format as fmt
 
 path, ready, done, stop = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 want = int(sys.argv[5])

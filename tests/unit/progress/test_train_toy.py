@@ -17,9 +17,9 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from hyperpod_agent import progress_format as fmt
 from hyperpod_agent.checkpoint import Checkpointer
 from hyperpod_agent.localcluster.drill import parse_train_log
+from hyperpod_agent.progress import format as fmt
 
 from .conftest import JOB, REPO, read_consistent
 

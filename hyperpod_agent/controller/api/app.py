@@ -1,0 +1,398 @@
+"""The controller's HTTP API (FastAPI under ``/v1``, served by uvicorn).
+
+``api_guard.Guard`` in front of the app limits header and body size, authenticates
+and refuses what is not strict JSON. Every error, including FastAPI's own validation
+errors and 404/405, is ``{"error": {"code", "message", "details"}}`` with a code from
+``api_models.ERROR_CODES``, and every refusal is counted and logged through
+``api_rejections.Rejections``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi import Path as FastApiPath
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hyperpod_agent.auth.config import AuthError, Identity, describe, require_node
+from hyperpod_agent.auth.server import ServerAuth
+from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller.api import views
+from hyperpod_agent.controller.api.checks import add_check_routes
+from hyperpod_agent.controller.api.guard import Guard, error_response, validation_message
+from hyperpod_agent.controller.api.models import (
+    ERROR_CODES,
+    Accepted,
+    ActionAccepted,
+    AdminActionIn,
+    ErrorOut,
+    EventOut,
+    HeartbeatIn,
+    JobDetail,
+    JobEndedIn,
+    JobEndedOut,
+    JobOut,
+    NodeDetail,
+    NodeOut,
+    Status,
+)
+from hyperpod_agent.controller.api.rejections import Rejections, caller
+from hyperpod_agent.controller.api.steps import add_step_routes, job_step_fields
+from hyperpod_agent.controller.ingest import Heartbeat, Rejected
+from hyperpod_agent.controller.providers.base import ProviderError
+from hyperpod_agent.controller.reasons import Verb, format_reason
+from hyperpod_agent.controller.service import Controller
+from hyperpod_agent.controller.snapshot import Kind
+from hyperpod_agent.controller.store.lease import Lease, LeaseLost
+from hyperpod_agent.controller.store.rows import NodeRow, TrackedJob
+from hyperpod_agent.health import NodeReport
+
+log = logging.getLogger(__name__)
+MAX_INT64 = 2**63 - 1  # SQLite's INTEGER
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut} for status in sorted(set(ERROR_CODES.values()))
+}
+HTTP_CODES = {
+    400: "malformed_json",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "invalid",
+}
+
+
+def _identity(request: Request) -> Identity:
+    identity = getattr(request.state, "identity", None)
+    if not isinstance(identity, Identity):
+        raise AuthError("not authenticated", 401)
+    return identity
+
+
+def create_app(
+    controller: Controller, auth: ServerAuth, rejections: Rejections | None = None
+) -> Guard:
+    """The ASGI application: FastAPI routes wrapped in the Guard."""
+    app = FastAPI(title="hyperpod-controller", version="1", docs_url=None, redoc_url=None)
+    refusals = rejections or Rejections()
+
+    def refuse(
+        request: Request, status: int, code: str, message: str, details: list[Any] | None = None
+    ) -> Response:
+        refusals.record(
+            status, code, message, caller(request.scope), request.method, request.url.path
+        )
+        return error_response(status, code, message, details)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        code, message, details = validation_message(list(exc.errors()))
+        return refuse(request, ERROR_CODES[code], code, message, details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        # The Guard has refused what FastAPI would answer 400 (a body it cannot parse),
+        # so any other 4xx is a bad request in the documented form.
+        code = HTTP_CODES.get(exc.status_code, "bad_request")
+        return refuse(request, ERROR_CODES[code], code, str(exc.detail))
+
+    @app.exception_handler(Rejected)
+    async def _rejected(request: Request, exc: Rejected) -> Response:
+        return refuse(request, exc.status, exc.code, str(exc))
+
+    @app.exception_handler(AuthError)
+    async def _auth(request: Request, exc: AuthError) -> Response:
+        code = "forbidden" if exc.status == 403 else "unauthenticated"
+        return refuse(request, ERROR_CODES[code], code, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal", f"internal error: {type(exc).__name__}")
+
+    def _own(request: Request, node: str) -> None:
+        # Only the node itself may report its state, admins included: an admin who
+        # wants a node out drains it through the actions endpoint, with a reason.
+        require_node(_identity(request), node)
+
+    @app.post("/v1/reports", response_model=Accepted, responses=ERRORS)
+    def post_report(report: NodeReport, request: Request) -> Accepted:
+        """Full node state from an agent (on change)."""
+        _own(request, report.node)
+        return Accepted(open_faults=controller.ingest_report(report))
+
+    @app.post("/v1/heartbeats", response_model=Accepted, responses=ERRORS)
+    async def post_heartbeat(beat: HeartbeatIn, request: Request) -> Accepted:
+        """A small liveness message between reports."""
+        _own(request, beat.node)
+        controller.ingest_heartbeat(
+            Heartbeat(beat.node, beat.agent_id, beat.seq, beat.sent_at.timestamp())
+        )
+        return Accepted()
+
+    @app.get("/v1/healthz")
+    def healthz() -> dict[str, Any]:
+        """Liveness of the controller itself (no authentication): which controller this
+        is and whether it leads, so a client holding several URLs can show each."""
+        return {
+            "ok": True,
+            "controller": controller.config.controller_id(),
+            "role": controller.role(),
+            "last_pass_at": views.ts(controller.last_pass_at),
+            "schema_version": controller.store.schema_version(),
+        }
+
+    @app.get("/v1/status", response_model=Status, responses=ERRORS)
+    def status(request: Request) -> Status:
+        _identity(request)
+        nodes = controller.nodes
+        rows = controller.store.node_rows()
+        verdicts = Counter(rows[n].verdict or "unknown" if n in rows else "unknown" for n in nodes)
+        leader, since = controller.leader()
+        return Status(
+            nodes_total=len(nodes),
+            by_state=dict(Counter(_state(n) for n in nodes.values())),
+            by_verdict=dict(verdicts),
+            incident_mode=bool(controller.incident_reason),
+            incident_reason=controller.incident_reason,
+            dry_run=controller.config.policy.dry_run,
+            open_faults=len(controller.store.open_faults()),
+            pending_actions=len(controller.store.open_actions()),
+            last_pass_at=views.ts(controller.last_pass_at),
+            leader=leader,
+            leader_since=views.ts(since),
+            this_controller=controller.config.controller_id(),
+            role=controller.role(),  # type: ignore[arg-type]
+        )
+
+    def _node_out(
+        name: str,
+        row: NodeRow | None,
+        open_count: int,
+        cls: type[NodeOut] = NodeOut,
+        **extra: Any,
+    ) -> NodeOut:
+        node = controller.nodes.get(name)
+        return cls(
+            name=name,
+            state=_state(node) if node else None,
+            flags=sorted(node.flags) if node else [],
+            reason=node.reason if node else "",
+            partitions=list(node.partitions) if node else [],
+            verdict=row.verdict if row else None,
+            agent_id=row.agent_id if row else None,
+            last_report_at=views.ts(row.received_at) if row else None,
+            last_heartbeat_at=views.ts(
+                controller.last_heartbeat(name) or (row.heartbeat_at if row else None)
+            ),
+            open_faults=open_count,
+            **extra,
+        )
+
+    @app.get("/v1/nodes", response_model=list[NodeOut], responses=ERRORS)
+    def nodes(request: Request) -> list[NodeOut]:
+        _identity(request)
+        rows = controller.store.node_rows()
+        faults = Counter(f.node for f in controller.store.open_faults())
+        names = sorted(set(controller.nodes) | set(rows))
+        return [_node_out(n, rows.get(n), faults[n]) for n in names]
+
+    @app.get("/v1/nodes/{name}", response_model=NodeDetail, responses=ERRORS)
+    def node(name: str, request: Request) -> NodeOut:
+        _identity(request)
+        row = controller.store.node_row(name)
+        if name not in controller.nodes and row is None:
+            raise StarletteHTTPException(404, f"node {name!r} is not known")
+        history = controller.store.node_faults(name)
+        return _node_out(
+            name,
+            row,
+            sum(1 for f in history if f.closed_at is None),
+            NodeDetail,
+            faults=[views.fault_view(f) for f in history],
+            findings=[views.finding_view(f) for f in controller.store.node_findings(name)],
+            deep_checks=[views.outcome_view(o) for o in controller.store.node_outcomes(name)],
+            actions=[views.action_view(a) for a in controller.store.node_actions(name)],
+            report=row.report_dict() if row else None,
+        )
+
+    def _job_out(
+        t: TrackedJob, cls: type[JobOut] = JobOut, history: bool = False, **extra: Any
+    ) -> JobOut:
+        job = next((j for j in controller.jobs if j.job_id == t.job_id), None)
+        return cls(
+            **job_step_fields(controller, t.job_id, history),
+            job_id=t.job_id,
+            state=job.state if job else None,
+            nodes=list(job.nodes) if job else [],
+            restart_count=job.restart_count if job else None,
+            cap=t.cap,
+            attempts=t.attempts,
+            last_cause=t.last_cause,
+            tracking=t.state,
+            last_requeue_at=views.ts(t.last_requeue_at),
+            resumed_from_step=t.resumed_from_step,
+            findings=[
+                views.finding_view(f) for f in controller.store.job_findings(t.job_id, limit=20)
+            ],
+            **extra,
+        )
+
+    @app.get("/v1/jobs", response_model=list[JobOut], responses=ERRORS)
+    def jobs(request: Request) -> list[JobOut]:
+        """Auto-resume jobs the controller tracks, and running jobs it found hung or
+        straggling (tracking ``progress``)."""
+        _identity(request)
+        tracked = controller.store.jobs()
+        running = {j.job_id for j in controller.jobs if j.state.upper() == "RUNNING"}
+        others = sorted(
+            j for j in running - set(tracked) if controller.store.job_findings(j, limit=1)
+        )
+        retried = [j for j in controller.store.step_retry_jobs() if j not in tracked]
+        return [
+            *(_job_out(t) for t in tracked.values()),
+            *(_job_out(TrackedJob(j, 0, state="progress")) for j in others if j not in retried),
+            *(_job_out(TrackedJob(j, 0, state="step-retry")) for j in retried),
+        ]
+
+    @app.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=ERRORS)
+    def job(request: Request, job_id: int = FastApiPath(ge=1, le=MAX_INT64)) -> JobOut:
+        _identity(request)
+        tracked = controller.store.job(job_id)
+        if tracked is None and controller.store.job_step_retries(job_id, limit=1):
+            tracked = TrackedJob(job_id, 0, state="step-retry")
+        if tracked is None:
+            raise StarletteHTTPException(404, f"job {job_id} is not tracked")
+        return _job_out(
+            tracked,
+            JobDetail,
+            history=True,
+            events=[views.event_view(e) for e in controller.store.events(job_id=job_id, limit=200)],
+            actions=[views.action_view(a) for a in controller.store.job_actions(job_id)],
+        )
+
+    @app.post("/v1/jobs/{job_id}/ended", response_model=JobEndedOut, responses=ERRORS)
+    def job_ended(
+        request: Request,
+        body: JobEndedIn | None = None,
+        job_id: int = FastApiPath(ge=1, le=MAX_INT64),
+    ) -> JobEndedOut:
+        """EpilogSlurmctld: a job ended; an auto-resume job is looked at at once."""
+        identity = _identity(request)
+        if not identity.is_admin:
+            raise AuthError("admin identity required to report a job's end", 403)
+        controller.require_leader()
+        ended = body or JobEndedIn()
+        who = f"EpilogSlurmctld ({describe(identity)})"
+        tracked = controller.job_ended(job_id, ended.exit_code, ended.state, who)
+        return JobEndedOut(tracked=tracked)
+
+    @app.get("/v1/events", response_model=list[EventOut], responses=ERRORS)
+    def events(
+        request: Request,
+        since: str = Query(
+            default="0",
+            max_length=64,
+            description="events after this: an event id, or an ISO 8601 time",
+        ),
+        node: str | None = Query(default=None, max_length=64),
+        job: int | None = Query(default=None, ge=1, le=2**63 - 1),
+        limit: int = Query(default=100, ge=1, le=1000),
+    ) -> list[EventOut]:
+        _identity(request)
+        since_id, since_at = views.parse_since(since)
+        found = controller.store.events(since_id, node, limit, job_id=job, since_at=since_at)
+        return [views.event_view(e) for e in found]
+
+    @app.post(
+        "/v1/nodes/{name}/actions", status_code=202, response_model=ActionAccepted, responses=ERRORS
+    )
+    def admin_action(name: str, body: AdminActionIn, request: Request) -> ActionAccepted:
+        """A human asks for drain|resume|reboot|replace; applied by the next pass."""
+        identity = _identity(request)
+        if not identity.is_admin:
+            raise AuthError("admin identity required for node actions", 403)
+        fence = controller.require_leader()
+        if name not in controller.nodes:
+            raise Rejected(
+                404,
+                "not_found",
+                f"node {name!r} is not in Slurm's view (or the controller has not read Slurm yet)",
+            )
+        return _submit(controller, name, body, identity, fence)
+
+    add_check_routes(app, controller, _identity, ERRORS)
+    add_step_routes(app, controller, _identity, ERRORS)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prom() -> Response:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return Guard(app, auth, controller.config.max_body_bytes, refusals)
+
+
+def _state(node: Any) -> str:
+    return str(node.state) + ("+DRAIN" if "DRAIN" in node.flags else "")
+
+
+def _submit(
+    controller: Controller,
+    name: str,
+    body: AdminActionIn,
+    identity: Identity,
+    fence: Lease | None,
+) -> ActionAccepted:
+    who = f"uid {identity.uid}"
+    message = body.reason or "no reason given"
+    # An admin drain is a hold: a healthy report must not undo a human's decision.
+    kinds = {
+        "drain": (Kind.HOLD, Verb.HOLD),
+        "resume": (Kind.RESUME, None),
+        "reboot": (Kind.REBOOT, Verb.REBOOT),
+        "replace": (Kind.REPLACE, Verb.REPLACE),
+    }
+    kind, verb = kinds[body.action]
+    reason = format_reason(verb, "admin", "request", message) if verb else ""
+    params: dict[str, Any] = {"admin": who}
+    if kind is Kind.REPLACE:
+        try:
+            params.update(controller.replacement_params(name))
+        except ProviderError as exc:
+            raise Rejected(409, "no_replacement", str(exc)) from exc
+    now = controller.clock()
+    try:
+        aid = controller.store.add_action(
+            kind.value,
+            name,
+            None,
+            reason,
+            f"admin request by {who}: {message}",
+            now,
+            params,
+            fence=fence,
+        )
+    except LeaseLost as exc:  # deposed since the check: the next leader takes it
+        assert controller.leadership is not None
+        controller.leadership.drop(str(exc))
+        raise controller.leadership.not_leader() from None
+    controller.store.add_event(
+        "admin_request",
+        f"{body.action} {name} requested by {who}: {message}",
+        now,
+        node=name,
+        cause="admin request",
+    )
+    controller.wake.set()
+    return ActionAccepted(
+        action_id=aid,
+        kind=kind.value,
+        node=name,
+        reason=reason,
+        dry_run=controller.config.policy.dry_run,
+    )

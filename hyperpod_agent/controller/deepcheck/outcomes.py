@@ -1,0 +1,93 @@
+"""What a deep-check run concluded for each node, and where the node goes next. Pure
+apart from reading the result files the nodes wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.reasons import SPARE, Owner, Verb, format_reason, owner_of
+from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome
+from hyperpod_agent.deepcheck.config import load_suite
+from hyperpod_agent.deepcheck.model import SuiteResult
+from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.slurm.models import Job, Node
+
+DRAIN_FIRST_REASON = format_reason(Verb.DRAIN, "deep-check", "admin", "drained for a deep check")
+_RESULT_LIMIT = 4 * 1024 * 1024
+
+
+def hold_reason(outcome: NodeOutcome) -> str:
+    cause = outcome.cause if outcome.outcome == "FAIL" else f"unknown: {outcome.cause}"
+    return format_reason(Verb.HOLD, "deep-check", outcome.check or "-", cause)
+
+
+def suite_limit_s(deep: DeepCheckConfig, level: str) -> float:
+    """The longest a run of ``level`` may take on one node: every check's own limit,
+    its kill grace, and the configured margin. ConfigError on a bad suite file."""
+    if deep.suite is None:
+        raise ConfigError("deep checks: no suite configured ([deep_checks] suite)")
+    suite = load_suite(deep.suite)
+    checks = suite.at_level(level)
+    return sum(c.timeout_s + suite.kill_grace_s for c in checks) + deep.margin_s
+
+
+def target_of(run: CheckRun, outcome: NodeOutcome, slurm_users: Sequence[str]) -> str | None:
+    """The reason a node goes back to after ``run`` (None: back into service)."""
+    prior = run.prior.get(outcome.node, "").strip()
+    if not outcome.ran:
+        return prior or None
+    ok = outcome.outcome == "OK"
+    if run.purpose == "spare":
+        return SPARE if ok else hold_reason(outcome)
+    if run.purpose == "reentry":
+        return None if ok else hold_reason(outcome)
+    # admin: a human's own reason is kept whatever the outcome; ours give way to a hold
+    theirs = owner_of(Node(outcome.node, "IDLE", frozenset({"DRAIN"}), prior), slurm_users)
+    if prior and theirs is Owner.OTHER:
+        return prior
+    if ok:
+        return None if prior in ("", DRAIN_FIRST_REASON) else prior
+    return hold_reason(outcome)
+
+
+def judge_node(
+    run: CheckRun, node: str, results_dir: Path, job: Job | None, now: float
+) -> NodeOutcome:
+    """One node's outcome from the file its task wrote (UNKNOWN when there is none)."""
+    path = results_dir / run.reservation / f"{node}.json"
+    state = job.state if job is not None else "gone"
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(_RESULT_LIMIT + 1)
+        if len(raw) > _RESULT_LIMIT:
+            raise ValueError(f"larger than {_RESULT_LIMIT} bytes")
+        result = SuiteResult.model_validate_json(raw)
+    except FileNotFoundError:
+        cause = f"no result from {node} (check job {run.job_id} ended {state})"
+        return NodeOutcome(run.id, node, run.purpose, "UNKNOWN", "", cause, True, now)
+    except (OSError, ValueError, ValidationError) as exc:
+        cause = f"result of {node} unreadable: {str(exc).splitlines()[0][:200]}"
+        return NodeOutcome(run.id, node, run.purpose, "UNKNOWN", "", cause, True, now)
+    outcome = result.outcome.value
+    deciding = next(
+        (r for r in result.results if r.gating and r.outcome.value == outcome and outcome != "OK"),
+        None,
+    )
+    passed = sum(1 for r in result.results if r.outcome.value == "OK")
+    cause = (
+        deciding.cause
+        if deciding is not None
+        else f"{passed}/{len(result.results)} checks OK at level {result.level}"
+    )
+    detail = [r.model_dump(mode="json") for r in result.results]
+    check = deciding.check if deciding is not None else ""
+    return NodeOutcome(run.id, node, run.purpose, outcome, check, cause, True, now, detail)
+
+
+def timed_out(o: NodeOutcome, limit_s: float) -> NodeOutcome:
+    cause = f"the check job overran its time limit ({limit_s:.0f} s) and was cancelled"
+    return NodeOutcome(o.run_id, o.node, o.purpose, "UNKNOWN", "", cause, True, o.at)

@@ -1,0 +1,1 @@
+"""Step retry inside the allocation: the decision (plan.py) and the surgery (run.py)."""

@@ -1,0 +1,225 @@
+"""Step retry inside the allocation: what to answer a failed ``srun --auto-resume``. Pure.
+
+A step of a running job failed. It is launched again in the same job (RETRYSTEP) only
+when the failure is a node's: one of the step's nodes has an urgent fault (rank RESET
+or above, as auto-resume counts them) within ``fault_window_s``, is not responding or
+down, or is already out under one of our reasons. And only when a spare can stand in
+for that node: a ready spare in the job's partitions, a job that did not name its
+nodes, an in-place budget left, and room under the cluster's limits. A node fault that
+cannot be mended in place falls back to the job-level requeue (REQUEUE); anything else
+is the application's (FAIL): the step failed on healthy nodes, said "do not restart"
+(exit 93), was cancelled, or the job did not opt in.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hyperpod_agent.controller import safety
+from hyperpod_agent.controller.autoresume import MAX_CAP, cap_of, required_nodes
+from hyperpod_agent.controller.config import AutoResumeConfig, ControllerConfig
+from hyperpod_agent.controller.reasons import SPARE, Verb, format_reason, parse_reason
+from hyperpod_agent.controller.replacement import SparePool
+from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
+from hyperpod_agent.controller.store.rows import FaultRow
+from hyperpod_agent.health import Action
+from hyperpod_agent.slurm.models import Job
+
+# NVIDIA resiliency-ext's in-job restart: a rank exiting with this asks not to be restarted.
+DO_NOT_RESTART = 93
+
+
+class Outcome(enum.StrEnum):
+    RETRYSTEP = "RETRYSTEP"  # launch the step again, in the same job, on the new node list
+    REQUEUE = "REQUEUE"  # a node fault mended by the job-level requeue instead
+    FAIL = "FAIL"  # not a node's fault: the step's failure stands
+
+
+@dataclass(frozen=True)
+class StepFailure:
+    """What srun reports about the step that failed."""
+
+    job_id: int
+    step_id: str
+    exit_code: int
+    nodes: tuple[str, ...]  # the step's nodes
+    attempt: int  # the attempt that failed, 1 for the first launch
+    budget: int  # --auto-resume=N (0: not given)
+    cancelled: bool = False  # the user cancelled the step (scancel)
+    started_at: float | None = None  # when this launch of the step began (epoch)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The answer, with what the surgery needs when it is RETRYSTEP."""
+
+    outcome: Outcome
+    cause: str
+    bad_node: str = ""
+    spare: str = ""
+    reason: str = ""  # the bad node's drain reason: the replace path's
+    keep: tuple[str, ...] = ()  # the job's nodes but the bad one
+
+
+def budget_of(failure: StepFailure, job: Job, snap: Snapshot, default_attempts: int) -> int:
+    """The in-place budget: the step's ``--auto-resume=N``, else the job's; ``1`` is the
+    plain switch, worth ``default_attempts`` as for requeues; 0 when not opted in."""
+    if failure.budget > 0:
+        cap = failure.budget
+        return default_attempts if cap == 1 else min(cap, MAX_CAP)
+    return cap_of(job, snap, default_attempts) or 0
+
+
+def attributable(name: str, snap: Snapshot, since: float) -> tuple[str, FaultRow | None] | None:
+    """Why the step's failure is ``name``'s (and the fault, if one), or None. A closed
+    fault counts when it was still seen at ``since`` or later."""
+
+    def recent(f: FaultRow) -> bool:
+        serious = Action(f.action).rank >= Action.RESET.rank
+        return f.node == name and serious and (f.closed_at is None or f.last_seen >= since)
+
+    faults = sorted(
+        {f.id: f for f in [*snap.open_faults, *snap.history] if recent(f)}.values(),
+        key=lambda f: (-Action(f.action).rank, not f.urgent, f.id),
+    )
+    if faults:
+        f = faults[0]
+        return f"{f.component} {f.code} on {name}", f
+    node = snap.nodes.get(name)
+    if node is None:
+        return None
+    if not node.responding:
+        return f"{name} not responding ({node.state})", None
+    ours = parse_reason(node.reason)
+    if node.drained and node.reason.strip() != SPARE and ours is not None:
+        return f"{name} out under {node.reason.strip()!r}", None
+    return None
+
+
+def _drain_reason(job_id: int, name: str, fault: FaultRow | None) -> str:
+    """Today's replace reason for the fault; a dead node's names slurmd."""
+    if fault is not None:
+        return format_reason(Verb.REPLACE, fault.component, fault.code, fault.message)
+    return format_reason(Verb.REPLACE, "slurmd", "not_responding", f"step retry of job {job_id}")
+
+
+def _limits(
+    job: Job,
+    name: str,
+    fault: FaultRow | None,
+    snap: Snapshot,
+    config: ControllerConfig,
+    now: float,
+) -> str | None:
+    """Why the cluster's limits forbid taking ``name`` out now, or None. The surgery runs
+    beside the policy's pass, so its take-out is weighed as a plain drain (spare or not)."""
+    params = {"fault_id": fault.id} if fault is not None else {}
+    action = PlannedAction(
+        Kind.DRAIN, name, "", "step retry", job.job_id, urgent=True, takes_out=True, params=params
+    )
+    kept, shared = safety.shared_causes(
+        [action], snap.open_faults, snap.burst_peers, config.policy, now
+    )
+    if not kept:
+        return shared[0].message if shared else "the fault is too young to tell a shared cause"
+    limits = safety.limit_take_outs(snap, config.policy, kept)
+    if not limits.allowed:
+        return f"blast radius: {limits.reason}"
+    return None
+
+
+def decide_step(
+    job: Job,
+    failure: StepFailure,
+    snap: Snapshot,
+    config: ControllerConfig,
+    now: float,
+    retries_done: int = 0,
+    retries_last_minute: int = 0,
+) -> StepPlan:
+    """RETRYSTEP, REQUEUE or FAIL for ``failure`` of ``job``, with a one-line cause.
+
+    ``retries_done``: in-place retries the store counts for the job's step;
+    ``retries_last_minute``: started cluster-wide within the last minute (they share
+    the requeue cap)."""
+    ar = config.auto_resume
+    budget = budget_of(failure, job, snap, ar.default_attempts)
+    if not ar.enabled:
+        return StepPlan(Outcome.FAIL, "auto-resume is disabled on this cluster")
+    if budget <= 0:
+        return StepPlan(Outcome.FAIL, f"job {job.job_id} did not opt in (--auto-resume)")
+    if failure.cancelled:
+        return StepPlan(Outcome.FAIL, f"step {failure.step_id} was cancelled")
+    if failure.exit_code == DO_NOT_RESTART:
+        return StepPlan(
+            Outcome.FAIL, f"exit {DO_NOT_RESTART}: the application asked not to restart"
+        )
+    # A fault the node was over before this launch began did not end it.
+    since = max(now - ar.fault_window_s, failure.started_at or 0.0)
+    found = {n: why for n in failure.nodes if (why := attributable(n, snap, since))}
+    # A node of the step that is no longer the job's: Slurm released it because it died
+    # (a job submitted with --no-kill lives on without it), else the report is wrong.
+    foreign = [n for n in failure.nodes if n not in job.nodes and n not in found]
+    if foreign:
+        return StepPlan(Outcome.FAIL, f"{','.join(foreign)} not among job {job.job_id}'s nodes")
+    if not found:
+        return StepPlan(
+            Outcome.FAIL,
+            f"step {failure.step_id} failed (exit {failure.exit_code}) on healthy nodes "
+            f"{','.join(failure.nodes)}",
+        )
+    what = "; ".join(why for why, _ in found.values())
+    if job.state.upper() != "RUNNING":
+        return StepPlan(Outcome.REQUEUE, f"{what}; job is {job.state.upper()}, not RUNNING")
+    if any(a.job_id == job.job_id and a.kind == Kind.REQUEUE.value for a in snap.in_flight):
+        return StepPlan(Outcome.REQUEUE, f"{what}; a job-level requeue is under way")
+    if len(found) > 1:
+        return StepPlan(Outcome.REQUEUE, f"{what}; an in-place retry replaces one node")
+    named = required_nodes(job)
+    if named:
+        return StepPlan(Outcome.REQUEUE, f"{what}; the job named its nodes ({','.join(named)})")
+    used = max(failure.attempt - 1, retries_done)
+    if used >= budget:
+        return StepPlan(Outcome.REQUEUE, f"{what}; in-place budget spent ({used}/{budget})")
+    if snap.requeues_last_minute + retries_last_minute >= ar.max_requeues_per_minute:
+        cap = ar.max_requeues_per_minute
+        return StepPlan(Outcome.REQUEUE, f"{what}; cluster-wide cap ({cap}/min) reached")
+    ((bad, (_, fault)),) = found.items()
+    spare = _spare(bad, snap, config, now)
+    if spare.startswith("!"):
+        return StepPlan(Outcome.REQUEUE, f"{what}; {spare[1:]}")
+    refused = _limits(job, bad, fault, snap, config, now)
+    if refused is not None:
+        return StepPlan(Outcome.REQUEUE, f"{what}; {refused}")
+    return StepPlan(
+        Outcome.RETRYSTEP,
+        f"{what}: {spare} stands in",
+        bad_node=bad,
+        spare=spare,
+        reason=_drain_reason(job.job_id, bad, fault),
+        keep=tuple(n for n in job.nodes if n != bad),
+    )
+
+
+def _spare(bad: str, snap: Snapshot, config: ControllerConfig, now: float) -> str:
+    """A ready spare for ``bad`` (replacement.py's pool), or ``!why`` none is."""
+    if config.provider.kind != "spare_pool":
+        return f"!no spare pool (provider {config.provider.kind})"
+    failed = snap.nodes.get(bad)
+    if failed is None:
+        return f"!{bad} is not in Slurm's view"
+    pool = SparePool(snap, config.policy, now, config.deep_checks)
+    spare = pool.take(failed)
+    return spare if spare is not None else f"!{pool.why_none(failed)}"
+
+
+def backoff_s(previous: Sequence[float], now: float, ar: AutoResumeConfig) -> float:
+    """How long a step's relaunch waits, given when its earlier in-place retries were
+    ready (oldest first): none for the first; then ``backoff_base_s`` doubling per
+    retry up to ``backoff_max_s``, from the last one, as job requeues back off."""
+    if not previous:
+        return 0.0
+    wait = min(ar.backoff_max_s, ar.backoff_base_s * 2.0 ** (len(previous) - 1))
+    return max(0.0, float(previous[-1]) + wait - now)

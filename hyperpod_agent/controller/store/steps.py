@@ -1,0 +1,264 @@
+"""Step retries inside the allocation (docs/auto-resume.md): one row per surgery.
+
+A surgery's ``phase`` is its intent log, as a deep-check run's is: it names the Slurm
+step to do next and is written after each one, so a controller killed at any point
+finishes the surgery, or rolls it back, from where it stood. The row is unique per
+(job, step, failed attempt): a repeated request finds the surgery it started before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from hyperpod_agent.controller.store.checks import CheckLog
+from hyperpod_agent.controller.store.rows import EventIn
+
+# The order a surgery goes through; ``rollback`` undoes what is safe to undo after a
+# failure. ``done`` (RETRYSTEP) and ``failed`` (REQUEUE) are closed.
+PHASES = ("drain", "shrink", "expand", "absorb", "rollback", "done", "failed")
+OPEN_PHASES = PHASES[:5]
+
+
+@dataclass(frozen=True)
+class StepRetry:
+    COLUMNS: ClassVar[str] = (
+        "id, job_id, step_id, attempt, budget, phase, bad_node, spare, reason, keep, "
+        "helper_id, new_nodes, outcome, cause, rollback_from, requested_by, created_at, "
+        "updated_at"
+    )
+    id: int
+    job_id: int
+    step_id: str
+    attempt: int  # the attempt that failed; the retry is attempt + 1
+    budget: int  # the job's auto-resume budget (a rolled-back surgery requeues within it)
+    phase: str
+    bad_node: str
+    spare: str
+    reason: str  # the bad node's drain reason
+    keep: tuple[str, ...]  # the job's nodes but the bad one
+    helper_id: int | None  # the helper allocation on the spare, once made
+    new_nodes: tuple[str, ...]  # the job's nodes once the spare is in
+    outcome: str  # '' while open, RETRYSTEP (done) or REQUEUE (failed)
+    cause: str  # why the retry was decided; why it failed once it did
+    rollback_from: str  # the phase that failed ('' unless rolled back)
+    requested_by: str
+    created_at: float
+    updated_at: float
+
+    @property
+    def helper_name(self) -> str:
+        """The helper allocation's job name: how a restarted controller finds it."""
+        return f"hyperpod-expand-{self.job_id}"
+
+    @classmethod
+    def from_row(cls, r: tuple[Any, ...]) -> StepRetry:
+        return cls(
+            int(r[0]),
+            int(r[1]),
+            r[2],
+            int(r[3]),
+            int(r[4]),
+            r[5],
+            r[6],
+            r[7],
+            r[8],
+            tuple(json.loads(r[9])),
+            None if r[10] is None else int(r[10]),
+            tuple(json.loads(r[11])),
+            r[12],
+            r[13],
+            r[14],
+            r[15],
+            float(r[16]),
+            float(r[17]),
+        )
+
+
+class StepLog(CheckLog):
+    def add_step_retry(
+        self,
+        job_id: int,
+        step_id: str,
+        attempt: int,
+        budget: int,
+        plan: Mapping[str, Any],
+        requested_by: str,
+        now: float,
+        event: EventIn,
+    ) -> tuple[int, bool]:
+        """Record a surgery (and its event) durably: (its id, True), or (the id of the
+        one recorded before for the same failed attempt, False)."""
+        with self._tx(durable=True) as db:
+            cur = db.execute(
+                "INSERT INTO step_retries (job_id, step_id, attempt, budget, phase, bad_node, "
+                "spare, reason, keep, cause, requested_by, created_at, updated_at) "
+                "VALUES (?,?,?,?,'drain',?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING id",
+                (
+                    job_id,
+                    step_id,
+                    attempt,
+                    budget,
+                    str(plan["bad_node"]),
+                    str(plan["spare"]),
+                    str(plan["reason"]),
+                    json.dumps(list(plan["keep"])),
+                    str(plan["cause"]),
+                    requested_by,
+                    now,
+                    now,
+                ),
+            )
+            row = cur.fetchone()
+            if row is not None:
+                self._put_event(db, event, now)
+                return int(row[0]), True
+            old = db.execute(
+                "SELECT id FROM step_retries WHERE job_id=? AND step_id=? AND attempt=?",
+                (job_id, step_id, attempt),
+            ).fetchone()
+        return int(old[0]), False
+
+    def step_retry(self, retry_id: int) -> StepRetry | None:
+        rows = self._query(f"SELECT {StepRetry.COLUMNS} FROM step_retries WHERE id=?", (retry_id,))
+        return StepRetry.from_row(rows[0]) if rows else None
+
+    def find_step_retry(self, job_id: int, step_id: str, attempt: int) -> StepRetry | None:
+        """The surgery started for this failed attempt of the step, if any."""
+        rows = self._query(
+            f"SELECT {StepRetry.COLUMNS} FROM step_retries WHERE job_id=? AND step_id=? "
+            "AND attempt=?",
+            (job_id, step_id, attempt),
+        )
+        return StepRetry.from_row(rows[0]) if rows else None
+
+    def open_step_retries(self) -> list[StepRetry]:
+        marks = ",".join("?" * len(OPEN_PHASES))
+        rows = self._query(
+            f"SELECT {StepRetry.COLUMNS} FROM step_retries WHERE phase IN ({marks}) ORDER BY id",
+            OPEN_PHASES,
+        )
+        return [StepRetry.from_row(r) for r in rows]
+
+    def step_retries_done(self, job_id: int, step_id: str) -> int:
+        """In-place retries made for the job's step (what its budget has paid for)."""
+        rows = self._query(
+            "SELECT count(*) FROM step_retries WHERE job_id=? AND step_id=? AND outcome=?",
+            (job_id, step_id, "RETRYSTEP"),
+        )
+        return int(rows[0][0])
+
+    def job_step_retries(self, job_id: int, limit: int = 50) -> list[StepRetry]:
+        """The job's surgeries, newest first."""
+        rows = self._query(
+            f"SELECT {StepRetry.COLUMNS} FROM step_retries WHERE job_id=? ORDER BY id DESC LIMIT ?",
+            (job_id, limit),
+        )
+        return [StepRetry.from_row(r) for r in rows]
+
+    def step_retry_jobs(self, limit: int = 200) -> list[int]:
+        """Jobs that had a step retried in place, the most recent first."""
+        rows = self._query(
+            "SELECT job_id, max(id) AS last FROM step_retries GROUP BY job_id "
+            "ORDER BY last DESC LIMIT ?",
+            (limit,),
+        )
+        return [int(r[0]) for r in rows]
+
+    def step_retries_since(self, since: float) -> int:
+        """Surgeries started at or after ``since``, cluster-wide."""
+        rows = self._query("SELECT count(*) FROM step_retries WHERE created_at>=?", (since,))
+        return int(rows[0][0])
+
+    def set_step_phase(
+        self,
+        retry_id: int,
+        phase: str,
+        now: float,
+        *,
+        helper_id: int | None = None,
+        new_nodes: Sequence[str] | None = None,
+        outcome: str | None = None,
+        cause: str | None = None,
+        rollback_from: str | None = None,
+        events: Sequence[EventIn] = (),
+        actions: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
+        """Move a surgery to ``phase`` with what it learnt, its events and the actions it
+        implies (``actions``: rows for the intent log, e.g. the requeue of a rolled-back
+        job), in one durable transaction."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r}")
+        sets = ["phase=?", "updated_at=?"]
+        args: list[Any] = [phase, now]
+        fields = (
+            ("helper_id", helper_id),
+            ("outcome", outcome),
+            ("cause", cause),
+            ("rollback_from", rollback_from),
+            ("new_nodes", None if new_nodes is None else json.dumps(list(new_nodes))),
+        )
+        for column, value in fields:
+            if value is not None:
+                sets.append(f"{column}=?")
+                args.append(value)
+        with self._tx(durable=True) as db:
+            db.execute(f"UPDATE step_retries SET {', '.join(sets)} WHERE id=?", (*args, retry_id))
+            for a in actions:
+                db.execute(
+                    "INSERT INTO actions (kind, node, job_id, reason, cause, params, state, "
+                    "created_at, updated_at, next_attempt_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                    (
+                        a["kind"],
+                        a.get("node"),
+                        a.get("job_id"),
+                        a.get("reason", ""),
+                        a["cause"],
+                        json.dumps(a.get("params", {})),
+                        a["state"],
+                        now,
+                        now,
+                        now,
+                    ),
+                )
+            for ev in events:
+                self._put_event(db, ev, now)
+
+    # -- steps under watch ------------------------------------------------------------
+    def watch_step(
+        self, job_id: int, step_id: str, attempt: int, now: float, ttl: float, *, end: bool
+    ) -> float | None:
+        """Renew the watch of a running step until ``now + ttl``; with ``end``, note
+        that the controller told it to end (the first time only). Returns when the end
+        was first asked, or None."""
+        with self._tx(durable=False) as db:
+            row = db.execute(
+                "INSERT INTO step_watches (job_id, step_id, attempt, expires_at, end_at) "
+                "VALUES (?,?,?,?,?) ON CONFLICT (job_id, step_id) DO UPDATE SET "
+                "attempt=excluded.attempt, expires_at=excluded.expires_at, "
+                "end_at=CASE WHEN excluded.attempt != step_watches.attempt "
+                "THEN excluded.end_at ELSE coalesce(step_watches.end_at, excluded.end_at) END "
+                "RETURNING end_at",
+                (job_id, step_id, attempt, now + ttl, now if end else None),
+            ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    def watched_jobs(self, now: float) -> dict[int, float | None]:
+        """Jobs with a step under watch at ``now``: job id -> when a step of it was first
+        told to end (None while none was)."""
+        rows = self._query(
+            "SELECT job_id, min(end_at) FROM step_watches WHERE expires_at>? GROUP BY job_id",
+            (now,),
+        )
+        return {int(r[0]): None if r[1] is None else float(r[1]) for r in rows}
+
+    def unwatch_job(self, job_id: int) -> None:
+        """The job's steps are no longer under watch (its failure was answered)."""
+        with self._tx(durable=False) as db:
+            db.execute("DELETE FROM step_watches WHERE job_id=?", (job_id,))
+
+    def prune_step_watches(self, now: float) -> None:
+        with self._tx(durable=False) as db:
+            db.execute("DELETE FROM step_watches WHERE expires_at<=?", (now,))
