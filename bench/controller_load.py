@@ -50,8 +50,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psutil  # noqa: E402
 
-from hyperpod_agent.auth.client import ClientAuth
-from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.client import ClientAuth  # noqa: E402
+from hyperpod_agent.auth.config import AuthConfig  # noqa: E402
 from hyperpod_agent.localcluster.postgres import PostgresServer, start_postgres  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -35,8 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hyperpod_agent.auth.client import ClientAuth
-from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.auth.client import ClientAuth  # noqa: E402
+from hyperpod_agent.auth.config import AuthConfig  # noqa: E402
 from hyperpod_agent.slurm.client import SlurmClient  # noqa: E402
 
 START, END = "<!-- detect-drain:start -->", "<!-- detect-drain:end -->"

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from hyperpod_agent import __version__
-from hyperpod_agent.errors import HyperpodError
+from hyperpod_agent.command import run_command
 
 # name -> "module:attribute" of a click command or group
 COMMANDS: dict[str, str] = {
@@ -21,7 +21,7 @@ COMMANDS: dict[str, str] = {
     "demo": "hyperpod_agent.demo:demo",
     "agent": "hyperpod_agent.agent.cli:agent",
     "health-check": "hyperpod_agent.agent.healthcheck:health_check",
-    "probe": "hyperpod_agent.probes.cli:probe",
+    "probe": "hyperpod_agent.agent.probe_cli:probe",
     "config": "hyperpod_agent.config_cli:config",
     "controller": "hyperpod_agent.controller.cli:controller",
     "status": "hyperpod_agent.admin.cli:status",
@@ -57,24 +57,7 @@ def cli() -> None:
 
 
 def _run(args: list[str] | None, **extra: Any) -> None:
-    try:
-        cli.main(args=args, prog_name="hyperpod", standalone_mode=False, **extra)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
-        sys.exit(1)
-    except click.UsageError as exc:
-        # One line, like every other error of ours; --help has the long form.
-        where = exc.ctx.command_path if exc.ctx else "hyperpod"
-        click.echo(f"{where}: error: {exc.format_message()} (see --help)", err=True)
-        sys.exit(exc.exit_code)
-    except click.ClickException as exc:
-        click.echo(f"hyperpod: error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except HyperpodError as exc:
-        click.echo(f"hyperpod: error: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+    run_command(cli, args, prog_name="hyperpod", **extra)
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ def validate(path: Path, kind: str) -> None:
     """Validate PATH; exit 0 and print "ok", or exit 3 with the key that is wrong."""
     from pydantic import BaseModel
 
-    from hyperpod_agent.agent.config import load_model
+    from hyperpod_agent.config_files import load_model
 
     model: type[BaseModel]
     if kind == "agent":

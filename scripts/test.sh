@@ -26,6 +26,11 @@ if [ "$#" -gt 0 ]; then
 	exit $?
 fi
 
+# The layering contracts in pyproject.toml (docs/architecture.md): a new forbidden
+# import fails the suite before any test runs.
+echo "== layering (lint-imports)"
+.venv/bin/lint-imports --no-cache || { echo "layering contracts broken: see above"; exit 1; }
+
 lane_log=$(mktemp /tmp/hyperpod-tests-services.XXXXXX)
 trap 'rm -f "$lane_log"' EXIT
 .venv/bin/pytest -q -p no:cacheprovider -m services >"$lane_log" 2>&1 &

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import click
 
+from hyperpod_agent.command import run_command
+
 
 def _setup_logging(level: str) -> None:
     # journald adds its own timestamps; keep lines short.
@@ -73,9 +75,7 @@ def run(config_path: Path | None, once: bool, log_level: str) -> None:
 
 def main() -> None:
     """``python -m hyperpod_agent.agent.cli``: the same as ``hyperpod agent``."""
-    from hyperpod_agent.cli import _run
-
-    _run(["agent", *sys.argv[1:]])
+    run_command(agent, sys.argv[1:], prog_name="hyperpod agent")
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from hyperpod_agent.controller.reasons import Owner, Verb, format_reason, owner_of
 from hyperpod_agent.health import Action, NodeReport, Verdict
+from hyperpod_agent.reasons import Owner, Verb, format_reason, owner_of
 from hyperpod_agent.slurm.models import Node
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from hyperpod_agent.controller.config import ControllerConfig
-from hyperpod_agent.controller.reasons import Verb, parse_reason
 from hyperpod_agent.controller.snapshot import (
     Kind,
     PlannedAction,
@@ -23,6 +22,7 @@ from hyperpod_agent.controller.snapshot import (
 from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.errors import SlurmParseError
 from hyperpod_agent.health import Action
+from hyperpod_agent.reasons import Verb, parse_reason
 from hyperpod_agent.slurm.hostlist import expand_hostlist
 from hyperpod_agent.slurm.models import Job
 

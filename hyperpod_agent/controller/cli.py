@@ -14,6 +14,7 @@ from pathlib import Path
 import click
 
 from hyperpod_agent.auth.server import ServerAuth
+from hyperpod_agent.command import run_command
 from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, load_config
 from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.providers import make_provider
@@ -180,9 +181,7 @@ def migrate(config_path: Path | None) -> None:
 
 def main() -> None:
     """``python -m hyperpod_agent.controller.cli``: the same as ``hyperpod controller``."""
-    from hyperpod_agent.cli import _run
-
-    _run(["controller", *sys.argv[1:]])
+    run_command(controller, sys.argv[1:], prog_name="hyperpod controller")
 
 
 if __name__ == "__main__":

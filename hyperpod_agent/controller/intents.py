@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from hyperpod_agent.controller.reasons import Owner, owner_of
 from hyperpod_agent.controller.snapshot import NODE_KINDS, Kind
 from hyperpod_agent.controller.store.rows import ActionRow
+from hyperpod_agent.reasons import Owner, owner_of
 from hyperpod_agent.slurm.models import Job, Node
 
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})

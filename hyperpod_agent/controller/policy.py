@@ -16,16 +16,6 @@ from hyperpod_agent.controller.deepcheck import plan as deepcheck_plan
 from hyperpod_agent.controller.hangs import judge as hang_rules
 from hyperpod_agent.controller.hangs import plan as hang_plan
 from hyperpod_agent.controller.intents import REBOOT_FLAGS
-from hyperpod_agent.controller.reasons import (
-    SPARE,
-    OwnedReason,
-    Owner,
-    Verb,
-    format_reason,
-    owner_of,
-    parse_admin_request,
-    parse_reason,
-)
 from hyperpod_agent.controller.replacement import (
     SUPERSEDED,
     SparePool,
@@ -43,6 +33,16 @@ from hyperpod_agent.controller.snapshot import (
 )
 from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action, Verdict
+from hyperpod_agent.reasons import (
+    SPARE,
+    OwnedReason,
+    Owner,
+    Verb,
+    format_reason,
+    owner_of,
+    parse_admin_request,
+    parse_reason,
+)
 from hyperpod_agent.slurm.models import Node
 
 log = logging.getLogger(__name__)

@@ -12,9 +12,9 @@ from __future__ import annotations
 from hyperpod_agent.controller.autoresume import cap_of, required_nodes
 from hyperpod_agent.controller.config import ControllerConfig, DeepCheckConfig, PolicyConfig
 from hyperpod_agent.controller.deepcheck.plan import spare_gate
-from hyperpod_agent.controller.reasons import SPARE
 from hyperpod_agent.controller.snapshot import Snapshot
 from hyperpod_agent.health import Action, Verdict
+from hyperpod_agent.reasons import SPARE
 from hyperpod_agent.slurm.models import Node
 
 # Remedies a spare supersedes for a node under an auto-resume job: both leave the job

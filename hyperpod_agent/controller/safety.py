@@ -25,10 +25,10 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hyperpod_agent.controller.config import PolicyConfig
-from hyperpod_agent.controller.reasons import SPARE, Verb, parse_reason
 from hyperpod_agent.controller.snapshot import PlannedAction, PlannedEvent, Snapshot
 from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action
+from hyperpod_agent.reasons import SPARE, Verb, parse_reason
 from hyperpod_agent.slurm.models import Node
 
 

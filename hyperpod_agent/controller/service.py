@@ -20,34 +20,31 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import TypeAdapter, ValidationError
-
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
 from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.deepcheck.run import CheckRunner
+from hyperpod_agent.controller.gather import gather
 from hyperpod_agent.controller.ingest import Heartbeat, Ingest
 from hyperpod_agent.controller.jobwatch import JobWatch
 from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.providers.base import Provider, ProviderError, SlurmApi
-from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.replacement import SparePool
-from hyperpod_agent.controller.snapshot import Decision, Kind, NodeHealth, PlannedAction, Snapshot
+from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction, Snapshot
 from hyperpod_agent.controller.stepretry.run import StepRetryRunner
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.lease import Lease, LeaseLost
-from hyperpod_agent.controller.store.rows import NodeRow, TrackedJob
+from hyperpod_agent.controller.store.rows import TrackedJob
 from hyperpod_agent.errors import ConfigError, SlurmError
-from hyperpod_agent.health import JobProgress, Verdict
+from hyperpod_agent.reasons import Verb, format_reason
 from hyperpod_agent.slurm.models import Job, Node
 
 log = logging.getLogger(__name__)
 
 PRUNE_EVERY_S = 3600.0
-_PROGRESS = TypeAdapter(list[JobProgress])
 ENDED = ("COMPLETED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "DEADLINE", "PREEMPTED")
 
 
@@ -131,49 +128,7 @@ class Controller(Ingest):
 
     def snapshot(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> Snapshot:
         """Everything the policy needs, from the store and this pass's Slurm view."""
-        policy = self.config.policy
-        health = {}
-        for name, row in self.store.node_rows().items():
-            beat = self._beats.get(name)
-            seen = [t for t in (row.received_at, row.heartbeat_at, beat and beat.sent_at) if t]
-            health[name] = NodeHealth(
-                verdict=Verdict(row.verdict) if row.verdict else None,
-                generated_at=row.generated_at,
-                last_seen=max(seen) if seen else None,
-                jobs_opted_in=row.opted_in(),
-                progress=_progress(row),
-            )
-        longest = max(
-            policy.escalation_window_s,
-            policy.lemon_window_s,
-            self.config.auto_resume.fault_window_s,
-        )
-        open_rows = self.store.open_actions()
-        done = self.store.done_since(now - policy.escalation_window_s)
-        return Snapshot(
-            nodes=nodes,
-            jobs=jobs,
-            health=health,
-            open_faults=self.store.open_faults(),
-            history=self.store.faults_since(now - longest),
-            burst_peers=self.store.burst_peers(policy.shared_cause_window_s),
-            in_flight=open_rows,
-            done=done,
-            tracked=self.store.jobs(),
-            requeues_last_minute=self.store.actions_since("requeue", now - 60.0),
-            started_at=self.started_at,
-            replaced=self.store.replaced_nodes(),
-            findings=self.store.findings_since(now - policy.lemon_window_s),
-            # only the gates read them: no query over every result when both are off
-            check_outcomes=(
-                self.store.latest_outcomes()
-                if self.config.deep_checks.gate_reentry or self.config.deep_checks.gate_spares
-                else {}
-            ),
-            checking=frozenset(n for r in self.store.open_check_runs() for n in r.nodes),
-            step_retries={r.job_id: (r.bad_node, r.spare) for r in self.store.open_step_retries()},
-            watched_jobs=self.store.watched_jobs(now),
-        )
+        return gather(self.store, self.config, self._beats, self.started_at, nodes, jobs, now)
 
     def replacement_params(self, node: str) -> dict[str, Any]:
         """What an admin's replace of ``node`` needs from the provider: with the spare
@@ -395,14 +350,3 @@ def _mtime(path: Path | None) -> float | None:
         return path.stat().st_mtime
     except OSError:
         return None
-
-
-def _progress(row: NodeRow) -> tuple[JobProgress, ...]:
-    """The node's training progress as stored from its last report (validated there)."""
-    if not row.progress or row.progress == "[]":
-        return ()
-    try:
-        return tuple(_PROGRESS.validate_json(row.progress))
-    except ValidationError:
-        log.warning("%s: stored progress unreadable; ignored this pass", row.name)
-        return ()

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from hyperpod_agent.agent.config import load_model
+from hyperpod_agent.config_files import load_model
 
 Level = Literal["quick", "full"]
 LEVELS: tuple[Level, ...] = ("quick", "full")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.controller.reasons import parse_reason
 from hyperpod_agent.localcluster import drill, procs
 from hyperpod_agent.localcluster.cluster import LocalCluster
+from hyperpod_agent.reasons import parse_reason
 from hyperpod_agent.slurm.client import SlurmClient
 from hyperpod_agent.slurm.models import Job
 

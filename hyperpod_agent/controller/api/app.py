@@ -46,12 +46,12 @@ from hyperpod_agent.controller.api.rejections import Rejections, caller
 from hyperpod_agent.controller.api.steps import add_step_routes, job_step_fields
 from hyperpod_agent.controller.ingest import Heartbeat, Rejected
 from hyperpod_agent.controller.providers.base import ProviderError
-from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.snapshot import Kind
 from hyperpod_agent.controller.store.lease import Lease, LeaseLost
 from hyperpod_agent.controller.store.rows import NodeRow, TrackedJob
 from hyperpod_agent.health import NodeReport
+from hyperpod_agent.reasons import Verb, format_reason
 
 log = logging.getLogger(__name__)
 MAX_INT64 = 2**63 - 1  # SQLite's INTEGER

@@ -9,11 +9,11 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hyperpod_agent.controller.config import DeepCheckConfig
-from hyperpod_agent.controller.reasons import SPARE, Owner, Verb, format_reason, owner_of
 from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome
 from hyperpod_agent.deepcheck.config import load_suite
 from hyperpod_agent.deepcheck.model import SuiteResult
 from hyperpod_agent.errors import ConfigError
+from hyperpod_agent.reasons import SPARE, Owner, Verb, format_reason, owner_of
 from hyperpod_agent.slurm.models import Job, Node
 
 DRAIN_FIRST_REASON = format_reason(Verb.DRAIN, "deep-check", "admin", "drained for a deep check")

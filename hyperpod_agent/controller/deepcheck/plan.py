@@ -19,9 +19,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from hyperpod_agent.controller.config import DeepCheckConfig
-from hyperpod_agent.controller.reasons import SPARE, OwnedReason
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
 from hyperpod_agent.controller.store.checks import NodeOutcome
+from hyperpod_agent.reasons import SPARE, OwnedReason
 from hyperpod_agent.slurm.models import Node
 
 # a reason time is kept to the second; a run that ended in that second still counts

@@ -37,11 +37,11 @@ from hyperpod_agent.controller.deepcheck.outcomes import (
     timed_out,
 )
 from hyperpod_agent.controller.providers.base import SlurmApi
-from hyperpod_agent.controller.reasons import Verb, format_reason
 from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.errors import ConfigError, SlurmError
+from hyperpod_agent.reasons import Verb, format_reason
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from collections.abc import Callable, Collection, Mapping
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.hangs.judge import Hang, Straggler
-from hyperpod_agent.controller.reasons import Owner, Verb, format_reason
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
+from hyperpod_agent.reasons import Owner, Verb, format_reason
 from hyperpod_agent.slurm.models import Node
 
 _SUSPECT = {"reboot": (Kind.REBOOT, Verb.REBOOT), "drain": (Kind.DRAIN, Verb.DRAIN)}

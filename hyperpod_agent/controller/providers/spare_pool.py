@@ -11,7 +11,7 @@ from hyperpod_agent.controller.providers.base import (
     ReplaceStatus,
     SlurmApi,
 )
-from hyperpod_agent.controller.reasons import SPARE
+from hyperpod_agent.reasons import SPARE
 from hyperpod_agent.slurm.models import Node
 
 

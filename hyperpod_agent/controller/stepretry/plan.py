@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from hyperpod_agent.controller import safety
 from hyperpod_agent.controller.autoresume import MAX_CAP, cap_of, required_nodes
 from hyperpod_agent.controller.config import AutoResumeConfig, ControllerConfig
-from hyperpod_agent.controller.reasons import SPARE, Verb, format_reason, parse_reason
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
 from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action
+from hyperpod_agent.reasons import SPARE, Verb, format_reason, parse_reason
 from hyperpod_agent.slurm.models import Job
 
 # NVIDIA resiliency-ext's in-job restart: a rank exiting with this asks not to be restarted.

@@ -36,11 +36,11 @@ from typing import Any
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.providers.base import SlurmApi
-from hyperpod_agent.controller.reasons import SPARE, Owner, owner_of
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.controller.store.steps import StepRetry
 from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.reasons import SPARE, Owner, owner_of
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 from hyperpod_agent.slurm.resize import EXPAND_PREFIX
 

@@ -23,7 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from hyperpod_agent.agent.config import format_validation_error
+from hyperpod_agent.config_files import format_validation_error
 
 SCENARIO_ENV = "HYPERPOD_FAKE_DEEPCHECK_SCENARIO"
 

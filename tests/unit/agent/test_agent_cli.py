@@ -10,9 +10,9 @@ from click.testing import CliRunner
 
 from hyperpod_agent.agent.cache import read_report
 from hyperpod_agent.agent.cli import agent
+from hyperpod_agent.agent.probe_cli import probe
 from hyperpod_agent.config_cli import config
 from hyperpod_agent.errors import ConfigError
-from hyperpod_agent.probes.cli import probe
 
 
 @pytest.fixture()

@@ -116,7 +116,7 @@ def test_missing_root_is_nothing_to_do(tmp_path: Path) -> None:
 def test_bad_config_names_the_key(table: dict[str, object], message: str) -> None:
     from pydantic import ValidationError
 
-    from hyperpod_agent.agent.config import format_validation_error
+    from hyperpod_agent.config_files import format_validation_error
 
     with pytest.raises(ValidationError) as info:
         AgentConfig.model_validate({"memory_tier": table})

@@ -40,7 +40,7 @@ def target_argv(target: StoreTarget) -> list[str]:
 OPEN_IN_CHILD = (
     "import sys\n"
     "from pathlib import Path\n"
-    "from hyperpod_agent.controller.store import Store\n"
+    "from hyperpod_agent.controller.store.facade import Store\n"
     "from hyperpod_agent.controller.store.url import store_location\n"
     "s = Store(store_location(sys.argv[1], Path(sys.argv[2]) if sys.argv[2] else None, "
     "Path('/nonexistent')))\n"

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.policy import decide
-from hyperpod_agent.controller.reasons import SPARE, Owner, owner_of
 from hyperpod_agent.controller.safety import allowed_out, counted, unavailable
 from hyperpod_agent.controller.snapshot import Kind, NodeHealth, Snapshot
 from hyperpod_agent.controller.store.rows import ActionRow, FaultRow
 from hyperpod_agent.health import Action, Verdict
+from hyperpod_agent.reasons import SPARE, Owner, owner_of
 from hyperpod_agent.slurm.models import Job, Node
 
 settings.register_profile(

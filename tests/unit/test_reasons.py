@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from hyperpod_agent.controller.reasons import (
+from hyperpod_agent.reasons import (
     MAX_REASON,
     SPARE,
     OwnedReason,
@@ -98,7 +98,7 @@ def test_control_characters_never_reach_slurm() -> None:
 
 
 # -- who owns a node ---------------------------------------------------------------
-from hyperpod_agent.controller.reasons import Owner, owner_of  # noqa: E402
+from hyperpod_agent.reasons import Owner, owner_of  # noqa: E402
 from hyperpod_agent.slurm.models import Node  # noqa: E402
 
 
