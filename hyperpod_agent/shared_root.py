@@ -6,18 +6,29 @@ own directory there, and the sticky bit stops anyone from removing or renaming a
 The node agent, as root, makes the root so at start (``prepare_shared_root``); a job that
 finds no root creates one with the same mode (``open_shared_root``), owned by its user
 until the agent takes it over.
+
+The names a job leaves under the memory root are here too, as the agent must read them
+without importing the checkpoint library (and numpy with it): a job's directory
+``<root>/<job id>/`` holds one directory per run, ``run-<namespace>/``, with a ``.lock``
+every live process of the run holds shared, and the spare staging files of its ranks.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 MODE = 0o1777
+
+DEFAULT_MEMORY_ROOT = Path("/dev/shm/hyperpod-ckpt")
+RUN_DIR_RE = re.compile(r"run-([0-9a-f]{32})", re.ASCII)  # names a run's directory
+LOCK_FILE = ".lock"  # held (shared) by every live process of the run on the node
+SPARE_PREFIX = ".staging-rank-"  # a rank's spare staging file, not yet a step's data
 
 
 def open_shared_root(path: Path) -> int:

@@ -33,10 +33,14 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hyperpod_agent.checkpoint.identity import LOCK_FILE, RUN_DIR_RE
-from hyperpod_agent.checkpoint.perms import prepare_shared_root
-from hyperpod_agent.checkpoint.staging import SPARE_PREFIX
 from hyperpod_agent.errors import HyperpodError
+from hyperpod_agent.shared_root import (
+    DEFAULT_MEMORY_ROOT,
+    LOCK_FILE,
+    RUN_DIR_RE,
+    SPARE_PREFIX,
+    prepare_shared_root,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ class MemoryTierConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cleanup: bool = True
-    root: Path = Path("/dev/shm/hyperpod-ckpt")
+    root: Path = DEFAULT_MEMORY_ROOT
     idle_s: float = Field(default=3600.0, ge=60, le=30 * 86400)
     sweep_every_s: float = Field(default=600.0, ge=10, le=86400)
 

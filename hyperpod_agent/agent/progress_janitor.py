@@ -34,7 +34,7 @@ from hyperpod_agent.agent.progress_files import (
     rank_of,
     read_record,
 )
-from hyperpod_agent.checkpoint.perms import prepare_shared_root
+from hyperpod_agent.shared_root import prepare_shared_root
 
 log = logging.getLogger(__name__)
 

@@ -28,13 +28,14 @@ from hyperpod_agent.checkpoint import (
 )
 from hyperpod_agent.checkpoint.errors import CheckpointConfigError, CheckpointError
 from hyperpod_agent.checkpoint.handle import SaveHandle, spare_cpus
-from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier, open_tiers
+from hyperpod_agent.checkpoint.persistent import DirTier, PersistentTier
 from hyperpod_agent.checkpoint.replica import ReplicaServer
 from hyperpod_agent.checkpoint.replica_client import ReplicaClient
 from hyperpod_agent.checkpoint.s3config import S3Options
 from hyperpod_agent.checkpoint.staging import Progress, StagingPool
 from hyperpod_agent.checkpoint.state import copy_leaf, flatten
 from hyperpod_agent.checkpoint.state import layout as plan_layout
+from hyperpod_agent.checkpoint.tiers import open_tiers
 from hyperpod_agent.checkpoint.uploads import Uploads
 
 log = logging.getLogger(__name__)

@@ -11,27 +11,53 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 
 from hyperpod_agent.checkpoint import _threads, layout, metrics
 from hyperpod_agent.checkpoint._threads import lower_priority
+from hyperpod_agent.checkpoint.context import Context
 from hyperpod_agent.checkpoint.errors import CheckpointError, CheckpointStorageError
 from hyperpod_agent.checkpoint.persistent import PersistentTier, SaveJob
-from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted
+from hyperpod_agent.checkpoint.replica_client import ReplicaClient
+from hyperpod_agent.checkpoint.staging import Progress, Slot, StagingAborted, StagingPool
 from hyperpod_agent.checkpoint.state import Leaf
-from hyperpod_agent.checkpoint.uploads import Plan
-
-if TYPE_CHECKING:
-    from hyperpod_agent.checkpoint.checkpointer import Checkpointer
+from hyperpod_agent.checkpoint.uploads import Plan, Uploads
 
 log = logging.getLogger(__name__)
 
 
+class Saver(Context, Protocol):
+    """What the background half of a save reads of its checkpointer besides its tiers'
+    context: the tiers, the memory tier and the replica to write, and the staging the save
+    came from (private to the checkpointer, whose other half this module is)."""
+
+    @property
+    def tiers(self) -> Sequence[PersistentTier]: ...
+
+    @property
+    def memory_dir(self) -> Path | None: ...
+
+    @property
+    def keep_memory(self) -> int: ...
+
+    @property
+    def _replica(self) -> ReplicaClient | None:
+        """The client of the successor's replica server, if the run has a successor."""
+
+    @property
+    def _pool(self) -> StagingPool: ...
+
+    @property
+    def _uploads(self) -> Uploads: ...
+
+
 def write(
-    ck: Checkpointer,
+    ck: Saver,
     step: int,
     index: int,
     save: str,
@@ -109,7 +135,7 @@ def write(
 
 
 def _start_upload(
-    ck: Checkpointer,
+    ck: Saver,
     tier: PersistentTier,
     job: SaveJob,
     slot: Slot,
@@ -127,9 +153,7 @@ def _start_upload(
     ck._uploads.start(tier, slot, run, skip, done)
 
 
-def _tier(
-    ck: Checkpointer, tiers: dict[str, str], name: str, fn: Any, times: dict[str, float]
-) -> None:
+def _tier(ck: Saver, tiers: dict[str, str], name: str, fn: Any, times: dict[str, float]) -> None:
     try:
         fn()
         tiers[name] = "ok"
@@ -146,7 +170,7 @@ def _tier(
 
 
 def _write_memory(
-    ck: Checkpointer, step: int, slot: Slot, meta: dict[str, Any], times: dict[str, float]
+    ck: Saver, step: int, slot: Slot, meta: dict[str, Any], times: dict[str, float]
 ) -> None:
     if not slot.mapped or ck.memory_dir is None:
         raise CheckpointStorageError(slot.error or "memory tier unavailable")
@@ -171,7 +195,7 @@ def _write_memory(
 
 
 def _write_peer(
-    ck: Checkpointer,
+    ck: Saver,
     step: int,
     save: str,
     data: np.ndarray,

@@ -38,13 +38,11 @@ from pathlib import Path
 
 from hyperpod_agent.checkpoint import layout
 from hyperpod_agent.checkpoint.errors import CheckpointStorageError
+from hyperpod_agent.shared_root import DEFAULT_MEMORY_ROOT, RUN_DIR_RE
 
 log = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
-LOCK_FILE = ".lock"  # held (shared) by every live process of the run on the node
-DEFAULT_MEMORY_ROOT = Path("/dev/shm/hyperpod-ckpt")
-RUN_DIR_RE = re.compile(r"run-([0-9a-f]{32})", re.ASCII)
 _HEX32 = re.compile(r"[0-9a-f]{32}", re.ASCII)
 _HEX64 = re.compile(r"[0-9a-f]{64}", re.ASCII)
 # What a job key may be: the plugin's are 32 hex digits; a site or user may set its own.

@@ -3,28 +3,57 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
 
 from hyperpod_agent.checkpoint import _torch, layout, metrics, restore
+from hyperpod_agent.checkpoint.context import Context
 from hyperpod_agent.checkpoint.errors import (
     CheckpointError,
     CheckpointStorageError,
     CorruptShardError,
     ReplicaError,
 )
-from hyperpod_agent.checkpoint.persistent import TierView
+from hyperpod_agent.checkpoint.persistent import PersistentTier, TierView
 from hyperpod_agent.checkpoint.replica_client import ReplicaClient
 
-if TYPE_CHECKING:
-    from hyperpod_agent.checkpoint.checkpointer import Checkpointer
-
 log = logging.getLogger(__name__)
+
+
+class Restorer(Context, Protocol):
+    """What a restore reads of its checkpointer, besides the context its tiers need: where
+    the fast tiers are and how to reach the peers; it records how the restore went."""
+
+    last_restore: restore.RestoreInfo | None
+
+    @property
+    def tiers(self) -> Sequence[PersistentTier]: ...
+
+    @property
+    def memory_dir(self) -> Path | None: ...
+
+    @property
+    def node(self) -> str: ...
+
+    @property
+    def peers(self) -> Mapping[str, tuple[str, int]]: ...
+
+    @property
+    def peer_timeout(self) -> float: ...
+
+    @property
+    def peer_streams(self) -> int: ...
+
+    @property
+    def secret(self) -> bytes: ...
+
 
 PeerViews = list[tuple[restore.PeerSource, dict[int, set[int]]]]
 _NONE = layout.StepInfo(-1)
 
 
-def _peer_views(ck: Checkpointer) -> PeerViews:
+def _peer_views(ck: Restorer) -> PeerViews:
     out = []
     for node in sorted(ck.peers):
         if node == ck.node:
@@ -48,7 +77,7 @@ def _peer_views(ck: Checkpointer) -> PeerViews:
     return out
 
 
-def _durable_views(ck: Checkpointer) -> list[TierView]:
+def _durable_views(ck: Restorer) -> list[TierView]:
     out = []
     for tier in ck.tiers:
         try:
@@ -63,7 +92,7 @@ def _durable_views(ck: Checkpointer) -> list[TierView]:
 class _Views:
     """What every tier holds, listed once per restore."""
 
-    def __init__(self, ck: Checkpointer):
+    def __init__(self, ck: Restorer):
         self.local = layout.scan(ck.memory_dir) if ck.memory_dir is not None else {}
         self.peers = _peer_views(ck)
         self.durable = _durable_views(ck)
@@ -80,7 +109,7 @@ class _Views:
             steps |= v.committed
         return sorted(steps, reverse=True)
 
-    def sources(self, ck: Checkpointer, step: int) -> list[restore.Source]:
+    def sources(self, ck: Restorer, step: int) -> list[restore.Source]:
         """Where this rank's shard of ``step`` can be read, fastest first."""
         out: list[restore.Source] = []
         if ck.memory_dir is not None and ck.rank in self.local.get(step, _NONE).ranks:
@@ -95,7 +124,7 @@ class _Views:
 
 
 def _try_step(
-    ck: Checkpointer, views: _Views, step: int, template: Any, fallbacks: list[str]
+    ck: Restorer, views: _Views, step: int, template: Any, fallbacks: list[str]
 ) -> tuple[bool, Any]:
     for src in views.sources(ck, step):
         try:
@@ -116,7 +145,7 @@ def _try_step(
     return False, None
 
 
-def load_step(ck: Checkpointer, step: int, template: Any = None) -> Any:
+def load_step(ck: Restorer, step: int, template: Any = None) -> Any:
     """Restore ``step`` or raise CheckpointError saying what was tried."""
     views = _Views(ck)
     fallbacks: list[str] = []
@@ -130,7 +159,7 @@ def load_step(ck: Checkpointer, step: int, template: Any = None) -> Any:
     return value
 
 
-def load_latest(ck: Checkpointer, template: Any, agree: bool | None) -> tuple[int, Any] | None:
+def load_latest(ck: Restorer, template: Any, agree: bool | None) -> tuple[int, Any] | None:
     """See ``Checkpointer.load_latest``."""
     views = _Views(ck)
     fallbacks: list[str] = []

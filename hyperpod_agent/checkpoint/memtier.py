@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hyperpod_agent.checkpoint import identity, perms
 from hyperpod_agent.checkpoint.errors import CheckpointStorageError
+from hyperpod_agent.shared_root import LOCK_FILE
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +46,7 @@ class RunDir:
         assert self.path is not None
         self.release()
         try:
-            fd = os.open(
-                self.path / identity.LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600
-            )
+            fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             log.warning("memory tier %s: cannot lock: %s", self.path, exc)
             return

@@ -18,7 +18,6 @@ import stat
 from pathlib import Path
 
 from hyperpod_agent.checkpoint.errors import CheckpointStorageError
-from hyperpod_agent.shared_root import prepare_shared_root as prepare_shared_root
 
 
 class UnsafeDirectoryError(CheckpointStorageError):

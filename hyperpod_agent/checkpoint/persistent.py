@@ -27,24 +27,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from hyperpod_agent.checkpoint import _threads, fastio, identity, layout, metrics, perms, restore
+from hyperpod_agent.checkpoint import _threads, fastio, layout, metrics, restore
 from hyperpod_agent.checkpoint._threads import lower_priority
 from hyperpod_agent.checkpoint.balance import assign_owners
-from hyperpod_agent.checkpoint.errors import (
-    CheckpointConfigError,
-    CheckpointError,
-    CorruptShardError,
-)
-from hyperpod_agent.checkpoint.s3config import S3Options, is_s3_url
+from hyperpod_agent.checkpoint.context import Context
+from hyperpod_agent.checkpoint.errors import CheckpointError, CorruptShardError
 from hyperpod_agent.checkpoint.staging import Progress
 from hyperpod_agent.checkpoint.state import ALIGN, Leaf
-
-if TYPE_CHECKING:
-    from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +99,7 @@ class Placement:
             at = where + leaf.nbytes
 
 
-def place(ck: Checkpointer, leaves: list[Leaf]) -> Placement:
+def place(ck: Context, leaves: list[Leaf]) -> Placement:
     """This rank's placement of ``leaves`` (every rank computes the same owners)."""
     owners = assign_owners(leaves, ck.replicated, ck.replica_group)
     offsets: list[int | None] = []
@@ -122,7 +115,7 @@ def place(ck: Checkpointer, leaves: list[Leaf]) -> Placement:
     return Placement(offsets, owners, pos, whole)
 
 
-def manifest(ck: Checkpointer, step: int, save: str) -> dict[str, Any]:
+def manifest(ck: Context, step: int, save: str) -> dict[str, Any]:
     """The step metadata rank 0 writes last: the commit of one save."""
     return {
         "format": layout.FORMAT,
@@ -149,7 +142,7 @@ def resume_doc(step: int) -> dict[str, Any]:
 
 
 def await_ranks(
-    ck: Checkpointer,
+    ck: Context,
     step: int,
     save: str,
     versions: Callable[[], dict[int, Hashable]],
@@ -221,14 +214,14 @@ class PersistentTier:
     location: str = ""  # where, for messages
     every: int = 1  # written on every ``every``-th save of the process
     nice: int = _threads.DISK  # CPU priority of the writer
-    detach: bool = False  # the upload may run on after its save (Checkpointer._plan_uploads)
+    detach: bool = False  # the upload may run on after its save (uploads.py)
 
-    def write(self, ck: Checkpointer, job: SaveJob) -> None:
+    def write(self, ck: Context, job: SaveJob) -> None:
         """Write this rank's shard of ``job.step``; rank 0 then commits it and applies
         retention."""
         raise NotImplementedError
 
-    def view(self, ck: Checkpointer) -> TierView:
+    def view(self, ck: Context) -> TierView:
         """The committed steps and a source to read them (raises CheckpointStorageError if
         the tier cannot be listed)."""
         raise NotImplementedError
@@ -247,7 +240,7 @@ class DirTier(PersistentTier):
         self.root, self.every, self.location = root, every, str(root)
         self.direct = direct  # O_DIRECT for a rank's file that is its staging buffer
 
-    def write(self, ck: Checkpointer, job: SaveJob) -> None:
+    def write(self, ck: Context, job: SaveJob) -> None:
         lower_priority(self.nice)
         d = layout.step_dir(self.root, job.step)
         if ck.rank == 0:
@@ -265,7 +258,7 @@ class DirTier(PersistentTier):
             job.times[self.name] = time.perf_counter() - job.times["start"]
             layout.prune(self.root, ck.keep_persistent, committed=True)
 
-    def _write_direct(self, ck: Checkpointer, job: SaveJob, path: Path) -> bool:
+    def _write_direct(self, ck: Context, job: SaveJob, path: Path) -> bool:
         """The staging buffer is the file: write it with O_DIRECT (fastio.py); False if
         this tier cannot (then not tried again)."""
         if not (self.direct and fastio.direct_capable(job.buf)):
@@ -280,7 +273,7 @@ class DirTier(PersistentTier):
             return False
         return True
 
-    def _commit(self, ck: Checkpointer, step: int, save: str) -> None:
+    def _commit(self, ck: Context, step: int, save: str) -> None:
         d = layout.step_dir(self.root, step)
 
         def versions() -> dict[int, Hashable]:
@@ -296,7 +289,7 @@ class DirTier(PersistentTier):
         await_ranks(ck, step, save, versions, lambda r: layout.read_json(d / layout.meta_name(r)))
         layout.write_json(d / layout.STEP_META, manifest(ck, step, save))
 
-    def view(self, ck: Checkpointer) -> TierView:
+    def view(self, ck: Context) -> TierView:
         committed = {s for s, i in layout.scan(self.root).items() if i.committed}
         return TierView(committed, restore.DirSource(self.name, self.root, committed=True))
 
@@ -308,55 +301,3 @@ class DirTier(PersistentTier):
             os.replace(tmp, path)
         except OSError as exc:
             log.warning("could not record the resumed step in %s: %s", path, exc)
-
-
-def open_tiers(
-    persistent_dir: str | os.PathLike[str],
-    persistent_every: int,
-    s3: str | None,
-    s3_every: int,
-    s3_options: S3Options | None,
-    job_key: str | None,
-    rank: int,
-    wait: float,
-    direct_io: bool = True,
-) -> tuple[list[PersistentTier], identity.RunIdentity]:
-    """The persistent tier (a directory or an object store), the object store behind a
-    directory if any, and the run identity they hold (made on first use; with an object
-    store as the persistent tier, rank 0 makes it and the others wait up to ``wait``)."""
-    from hyperpod_agent.checkpoint.s3tier import S3Tier
-
-    tiers: list[PersistentTier] = []
-    try:
-        if is_s3_url(persistent_dir):
-            if s3 is not None:
-                raise CheckpointConfigError(
-                    f"s3={s3}: the object store tier goes behind a filesystem persistent "
-                    f"directory; the persistent tier is already {persistent_dir}"
-                )
-            store = S3Tier(str(persistent_dir), s3_options, every=persistent_every)
-            tiers.append(store)
-            # Rank 0 creates the identity; the others wait for it (as for a commit).
-            return tiers, store.load_identity(rank, job_key, wait)
-        path = perms.persistent_dir(Path(persistent_dir))
-        root = layout.ensure_dir(path, "persistent tier")
-        tiers.append(DirTier(root, persistent_every, direct_io))
-        adopt = None
-        if s3 is not None:
-            if not is_s3_url(s3):
-                raise CheckpointConfigError(f"s3={s3!r}: expected s3://bucket/prefix")
-            behind = S3Tier(
-                s3,
-                s3_options,
-                every=s3_every,
-                name="s3",
-                nice=_threads.NETWORK,
-                mirror_of=path / identity.RUN_FILE,
-            )
-            tiers.append(behind)
-            adopt = behind.adopt(job_key)
-        return tiers, identity.load_or_create(path, job_key, adopt)
-    except BaseException:
-        for tier in tiers:
-            tier.close()
-        raise

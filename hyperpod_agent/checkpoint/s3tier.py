@@ -26,12 +26,13 @@ import re
 import time
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hyperpod_agent.checkpoint import _threads, identity, layout, metrics, restore, s3layout
 from hyperpod_agent.checkpoint._threads import lower_priority
+from hyperpod_agent.checkpoint.context import Context
 from hyperpod_agent.checkpoint.errors import CheckpointStorageError, CorruptShardError
 from hyperpod_agent.checkpoint.persistent import (
     RESUME_FILE,
@@ -47,9 +48,6 @@ from hyperpod_agent.checkpoint.s3config import S3Location, S3Options
 from hyperpod_agent.checkpoint.s3errors import S3Error, S3ObjectMissingError
 from hyperpod_agent.checkpoint.s3store import S3Store
 from hyperpod_agent.checkpoint.validate import fits_in_memory
-
-if TYPE_CHECKING:
-    from hyperpod_agent.checkpoint.checkpointer import Checkpointer
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +67,7 @@ class S3Tier(PersistentTier):
     """A persistent tier in an object store; see the module docstring."""
 
     # A slow or hung store must not hold the next save back: the upload runs on after
-    # its save, from the pinned staging buffer (Checkpointer._plan_uploads).
+    # its save, from the pinned staging buffer (uploads.py).
     detach = True
 
     def __init__(
@@ -135,7 +133,7 @@ class S3Tier(PersistentTier):
 
         return find
 
-    def _check_run(self, ck: Checkpointer) -> None:
+    def _check_run(self, ck: Context) -> None:
         """Behind a filesystem tier: the store holds this run's identity (rank 0 copies
         it there first), never another run's."""
         if self.mirror_of is None or self._checked:
@@ -159,7 +157,7 @@ class S3Tier(PersistentTier):
 
     # ---- save -----------------------------------------------------------------------------
 
-    def write(self, ck: Checkpointer, job: SaveJob) -> None:
+    def write(self, ck: Context, job: SaveJob) -> None:
         lower_priority(self.nice)  # the part uploads run on threads that inherit it
         self._check_run(ck)
         pre = s3layout.step_prefix(job.step)
@@ -186,7 +184,7 @@ class S3Tier(PersistentTier):
             job.times[self.name] = time.perf_counter() - job.times["start"]
             s3layout.prune(self.store, ck.keep_persistent)
 
-    def _commit(self, ck: Checkpointer, step: int, save: str) -> None:
+    def _commit(self, ck: Context, step: int, save: str) -> None:
         pre = s3layout.step_prefix(step)
 
         def versions() -> dict[int, Hashable]:
@@ -229,7 +227,7 @@ class S3Tier(PersistentTier):
 
     # ---- restore --------------------------------------------------------------------------
 
-    def view(self, ck: Checkpointer) -> TierView:
+    def view(self, ck: Context) -> TierView:
         """The steps listed under the prefix and their manifests (one listing, one small
         read per step: retention keeps few); a newer step without one is logged once."""
         manifests: dict[int, bytes | None] = {}

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-log = logging.getLogger(__name__)
+from hyperpod_agent.shared_root import SPARE_PREFIX
 
-SPARE_PREFIX = ".staging-rank-"
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from hyperpod_agent.checkpoint import Checkpointer, CheckpointStorageError, layout
-from hyperpod_agent.checkpoint.perms import prepare_shared_root
+from hyperpod_agent.shared_root import prepare_shared_root
 
 pytestmark = pytest.mark.root
 

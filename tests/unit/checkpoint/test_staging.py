@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hyperpod_agent.checkpoint import Checkpointer, layout
-from hyperpod_agent.checkpoint.staging import SPARE_PREFIX
+from hyperpod_agent.shared_root import SPARE_PREFIX
 
 from .conftest import assert_same
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from hyperpod_agent import progress
-from hyperpod_agent.checkpoint.perms import prepare_shared_root
 from hyperpod_agent.progress import format as fmt
+from hyperpod_agent.shared_root import prepare_shared_root
 
 from .conftest import JOB, RANK, rank_env, read, run_python
 
