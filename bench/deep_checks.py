@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hyperpod_agent.localcluster import deepchecks, drill
+from hyperpod_agent.localcluster import deepchecks, drill, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
 
@@ -63,14 +63,14 @@ def prepare(cluster: LocalCluster, gates: dict[str, Any], dcgm_s: float) -> floa
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
     for job in slurm.list_jobs(all_states=False):
         slurm.cancel(job.job_id)
-    drill.reset_cluster(cluster)
+    reset.reset_cluster(cluster)
     for resv in slurm.reservations():
         if resv.name.startswith("hyperpod-check-"):
             slurm.delete_reservation(resv.name)
     broken = {"dcgmi": {"delay_s": dcgm_s, "fail": [{"test": "memory", "gpu": 3}]}}
     nodes = {n: {"dcgmi": {"delay_s": dcgm_s}} for n in cluster.shape.all_names}
     deepchecks.write_scenario(cluster.dir, {**nodes, BROKEN: broken})
-    drill.fresh_controller(cluster, deep_checks=gates)
+    reset.fresh_controller(cluster, deep_checks=gates)
     if not gates:
         return 0.0
     drill.wait_for(

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hyperpod_agent.localcluster import drill
+from hyperpod_agent.localcluster import drill, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
 
@@ -105,7 +105,7 @@ def main() -> int:
     trials: list[dict[str, float]] = []
     try:
         for i in range(args.runs):
-            drill.reset_cluster(cluster)
+            reset.reset_cluster(cluster)
             t = one_trial(cluster, i)
             print(f"  hang #{i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in t.items()))
             trials.append(t)

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hyperpod_agent.localcluster import drill
+from hyperpod_agent.localcluster import drill, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
 
@@ -83,7 +83,7 @@ def hyperpod_runs(runs: int, in_place: bool, busy_s: float = 0.0) -> list[drill.
     timelines = []
     try:
         for i in range(runs):
-            drill.reset_cluster(cluster)
+            reset.reset_cluster(cluster)
             job_id, out, victim = _job_on_two(
                 cluster, native=False, tag=f"hp{i}", in_place=in_place
             )

@@ -14,52 +14,19 @@ import logging
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import daemons, namespaces, procs, render
-from hyperpod_agent.localcluster.render import Shape
-
-if TYPE_CHECKING:
-    from hyperpod_agent.localcluster.services import Services
+from hyperpod_agent.localcluster import daemons, files, namespaces, procs
+from hyperpod_agent.localcluster.services import Services
+from hyperpod_agent.localcluster.shape import Shape
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DIR = Path("/var/tmp/hyperpod-local")
 DEFAULT_PORT_BASE = 16817
 SBIN = daemons.SBIN
-SPANK_SOURCE = Path(__file__).resolve().parents[2] / "spank_plugin"
-
-
-def install_spank_plugin(lib: Path) -> None:
-    """Build spank_plugin/ (or take $HYPERPOD_SPANK_PLUGIN) and install it atomically
-    as ``lib/auto_resume.so``, so running daemons never load a half-written file."""
-    built = os.environ.get("HYPERPOD_SPANK_PLUGIN")
-    if built:
-        so = Path(built)
-    else:
-        if not (SPANK_SOURCE / "Makefile").exists():
-            raise LocalClusterError(
-                "SPANK plugin source not found: set HYPERPOD_SPANK_PLUGIN to a built auto_resume.so"
-            )
-        res = subprocess.run(
-            ["make", "-s", "-C", str(SPANK_SOURCE)], capture_output=True, text=True, timeout=120
-        )
-        if res.returncode != 0:
-            tail = (res.stderr or res.stdout).strip().splitlines()[-1:]
-            raise LocalClusterError(f"building the SPANK plugin failed: {' '.join(tail)}")
-        so = SPANK_SOURCE / "auto_resume.so"
-    if not so.exists():
-        raise LocalClusterError(f"SPANK plugin {so} does not exist")
-    tmp = lib / "auto_resume.so.new"
-    shutil.copyfile(so, tmp)
-    os.replace(tmp, lib / "auto_resume.so")
 
 
 class LocalCluster:
@@ -83,11 +50,11 @@ class LocalCluster:
 
     @property
     def slurm_conf(self) -> Path:
-        return self.dir / "etc" / "slurm.conf"
+        return self.shape.slurm_conf
 
     @property
     def munge_socket(self) -> Path:
-        return self.dir / "munge" / "munge.sock"
+        return self.shape.munge_socket
 
     @property
     def nodes(self) -> list[str]:
@@ -99,7 +66,7 @@ class LocalCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        return daemons.cluster_env(self.shape)
 
     def _run(self, name: str) -> Path:
         return self.dir / "run" / name
@@ -134,9 +101,7 @@ class LocalCluster:
     @property
     def services(self) -> Services:
         """The controller and agents of this cluster (see services.py)."""
-        from hyperpod_agent.localcluster.services import Services
-
-        return Services(self)
+        return Services(self.shape)
 
     def has_services(self) -> bool:
         return (self.dir / "etc" / "controller.toml").exists()
@@ -158,7 +123,7 @@ class LocalCluster:
         self.check_can_start()
         self.stop_daemons()  # stale pids after a crash: clean whatever is left
         self.check_ports()
-        self._write_files()
+        files.write_files(self.shape)
         try:
             namespaces.pin_host(self.dir / "run")
             self._start_munged()
@@ -173,61 +138,17 @@ class LocalCluster:
             raise
         return True
 
-    def _write_files(self) -> None:
-        d = self.dir
-        for sub in (
-            "etc",
-            "run",
-            "log",
-            "state",
-            "spool",
-            "munge",
-            "hooks",
-            "lib",
-            "autoresume",
-            "checkpoints",
-            "out",
-        ):
-            (d / sub).mkdir(parents=True, exist_ok=True)
-        # A fresh start: no old jobs, job ids from 1, clean logs.
-        shutil.rmtree(self.shape.memory_root, ignore_errors=True)
-        shutil.rmtree(self.shape.progress_root, ignore_errors=True)
-        for sub in ("state", "spool", "autoresume", "log", "checkpoints"):
-            shutil.rmtree(d / sub, ignore_errors=True)
-            (d / sub).mkdir()
-        (d / "autoresume").chmod(0o755)  # only slurmstepd (root) writes markers
-        (d / "checkpoints").chmod(0o1777)
-        (d / "out").chmod(0o1777)
-        files = {
-            d / "etc" / "slurm.conf": render.slurm_conf(self.shape, socket.gethostname()),
-            d / "etc" / "plugstack.conf": render.plugstack_conf(self.shape),
-            d / "etc" / "job_submit.lua": render.JOB_SUBMIT_LUA,
-            d / "hooks" / "reboot.sh": render.reboot_sh(self.shape, sys.executable),
-            d / "hooks" / "epilog_ctld.sh": render.epilog_ctld_sh(self.shape, sys.executable),
-            d / "hooks" / "task_prolog.sh": render.task_prolog_sh(self.shape),
-        }
-        for path, text in files.items():
-            path.write_text(text)
-            if path.suffix == ".sh":
-                path.chmod(0o755)
-        meta = asdict(self.shape)
-        meta["dir"] = str(self.dir)
-        meta["host_boot_epoch"] = time.time() - float(Path("/proc/uptime").read_text().split()[0])
-        (d / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
-        install_spank_plugin(self.dir / "lib")
-
     def _start_munged(self) -> None:
         pid = daemons.start_munged(
             self.dir / "munge", self.munge_socket, self.dir / "log" / "munged.log"
         )
         procs.write_pidfile(self._run("munged.pid"), pid)
 
-    def _spawn(self, argv: list[str], logname: str, env: dict[str, str] | None = None) -> int:
-        return daemons.spawn(argv, self.dir / "log" / logname, {**self.env, **(env or {})})
-
     def _start_slurmctld(self) -> None:
-        pid = self._spawn(
-            [str(SBIN / "slurmctld"), "-D", "-i", "-f", str(self.slurm_conf)], "slurmctld.stdout"
+        pid = daemons.start_process(
+            self.shape,
+            [str(SBIN / "slurmctld"), "-D", "-i", "-f", str(self.slurm_conf)],
+            "slurmctld.stdout",
         )
         procs.write_pidfile(self._run("slurmctld.pid"), pid)
 
@@ -276,7 +197,7 @@ class LocalCluster:
             "-f",
             str(self.slurm_conf),
         ]
-        pid = self._spawn(argv, f"slurmd-{name}.stdout")
+        pid = daemons.start_process(self.shape, argv, f"slurmd-{name}.stdout")
         ns = procs.wait_for_new_uts_ns(pid)
         if ns is None:
             raise LocalClusterError(

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster.render import Shape
+from hyperpod_agent.localcluster.shape import Shape
 
 SBIN = Path("/usr/sbin")
 
@@ -94,6 +94,19 @@ def spawn(argv: list[str], log: Path, env: dict[str, str]) -> int:
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
     return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+
+
+def cluster_env(shape: Shape) -> dict[str, str]:
+    """Our environment with Slurm's commands pointed at the cluster's slurm.conf."""
+    return {**os.environ, "SLURM_CONF": str(shape.slurm_conf)}
+
+
+def start_process(
+    shape: Shape, argv: list[str], logname: str, env: dict[str, str] | None = None
+) -> int:
+    """``spawn`` with the cluster's environment (plus ``env``), output appended to
+    DIR/log/``logname``; returns the pid."""
+    return spawn(argv, shape.dir / "log" / logname, {**cluster_env(shape), **(env or {})})
 
 
 def log_tail(path: Path, lines: int = 3) -> str:

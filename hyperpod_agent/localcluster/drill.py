@@ -1,6 +1,7 @@
 """Fault drills on the local cluster: run the toy training job, inject a fault, and
 follow the recovery as a timeline. Shared by ``hyperpod demo``, the integration
-tests and bench/recovery.py, so all three tell the same story."""
+tests and bench/recovery.py, so all three tell the same story. Between drills,
+reset.py brings the cluster back to its start."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from hyperpod_agent.errors import HyperpodError
 from hyperpod_agent.localcluster.cluster import LocalCluster
@@ -280,43 +281,6 @@ def follow_step_retry(
     return tl
 
 
-def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:
-    """Back to the start of a drill: no jobs, healthy hardware and agents, nodes
-    1..N in service and the spares drained as ``hyperpod:spare``."""
-    from hyperpod_agent.localcluster.render import SPARE_REASON
-
-    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
-    for job in slurm.list_jobs(all_states=False):
-        slurm.cancel(job.job_id)
-    retire_finished_jobs(cluster)
-    services = cluster.services
-    for node in cluster.shape.all_names:
-        cluster.node_start(node)  # a crashed node comes back (no-op when running)
-        healthy_gpus(cluster, node)
-        services.make_node_hardware(node)
-        services.set_link(node, True)
-        subprocess.run(
-            ["mount", "-o", "remount,rw", str(services.scratch(node))],
-            capture_output=True,
-            timeout=10,
-        )
-        services.stop(f"agent-{node}")
-        services.start_agent(node)
-    wait_for(
-        "reboots to finish",
-        timeout,
-        lambda: not any(any(f.startswith("REBOOT") for f in n.flags) for n in slurm.list_nodes()),
-        interval=0.3,
-    )
-    for n in slurm.list_nodes():
-        if n.name in cluster.spares:
-            if n.reason != SPARE_REASON:
-                slurm.drain(n.name, SPARE_REASON)
-        elif n.drained and (n.reason.startswith("hyperpod:") or n.state == "DOWN"):
-            slurm.resume(n.name)
-    cluster.wait_idle(cluster.nodes, timeout=timeout)
-
-
 def wait_job_end(cluster: LocalCluster, job_id: int, timeout: float = 180.0) -> Job:
     """The job once it has ended for good (Slurm's requeues are followed through)."""
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
@@ -355,50 +319,3 @@ def freeze_ranks(cluster: LocalCluster, job_id: int, node: str) -> list[int]:
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     return pids
-
-
-def fresh_controller(
-    cluster: LocalCluster,
-    policy: dict[str, Any] | None = None,
-    deep_checks: dict[str, Any] | None = None,
-) -> None:
-    """Restart the controller on empty state with ``policy`` and ``deep_checks``
-    overrides, and every agent with it (each sends a full report to the new one)."""
-    from hyperpod_agent.localcluster.services import to_toml
-
-    services = cluster.services
-    for node in cluster.shape.all_names:
-        services.stop(f"agent-{node}")
-    services.stop("controller")
-    config = services.controller_config()
-    config["policy"].update(policy or {})
-    config["deep_checks"].update(deep_checks or {})
-    (cluster.dir / "etc" / "controller.toml").write_text(to_toml(config))
-    for path in (cluster.dir / "state").glob("controller.db*"):
-        path.unlink()
-    services.start_controller()
-    for node in cluster.shape.all_names:
-        services.start_agent(node)
-
-
-def retire_finished_jobs(cluster: LocalCluster) -> list[int]:
-    """Turn every FAILED / NODE_FAIL job that opted into auto-resume into CANCELLED.
-
-    Slurm shows a finished job for MinJobAge, and a fault found on its node within
-    ``fault_window_s`` of its end rightly has it requeued: a drill's fault must not
-    resurrect a job an earlier test left behind. ``scontrol requeuehold`` then
-    ``scancel`` ends it as CANCELLED, which auto-resume never requeues. Returns the ids.
-    """
-    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
-    retired = []
-    for job in slurm.list_jobs():
-        if job.auto_resume is None or job.state not in ("FAILED", "NODE_FAIL"):
-            continue
-        held = subprocess.run(
-            ["scontrol", "requeuehold", str(job.job_id)],
-            env=cluster.env, capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-        if held.returncode == 0:  # a --no-requeue job cannot be requeued by anyone
-            slurm.cancel(job.job_id)
-            retired.append(job.job_id)
-    return retired

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from hyperpod_agent.localcluster import procs
 from hyperpod_agent.localcluster.postgres import PostgresServer, require_binaries
-from hyperpod_agent.localcluster.render import Shape
+from hyperpod_agent.localcluster.shape import Shape
 
 DATABASE = "hyperpod"
 ROLE = "hyperpod"

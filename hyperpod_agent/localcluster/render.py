@@ -1,60 +1,17 @@
-"""Pure renderers for the local cluster's files: slurm.conf, plugstack.conf,
-job_submit.lua and the hook scripts. No I/O here; ``cluster.py`` writes them."""
+"""Pure renderers for the local cluster's files: slurm.conf, plugstack.conf and the
+hook scripts (job_submit.lua is provisioning's own). No I/O here; ``files.py`` writes
+them."""
 
 from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+from hyperpod_agent.localcluster.shape import Shape
 
 SPARE_REASON = "hyperpod:spare"
 PARTITION = "main"
-
-
-@dataclass(frozen=True)
-class Shape:
-    """Everything that decides what the cluster looks like."""
-
-    dir: Path
-    nodes: int
-    spares: int
-    port_base: int
-    slurmd_timeout: int = 6
-    message_timeout: int = 3
-    cred_expire: int = 5
-    cpus_per_node: int = 2
-    mem_mb_per_node: int = 1000
-    ha: bool = False  # two controllers on a PostgreSQL store (localcluster/ha.py)
-
-    @property
-    def node_names(self) -> list[str]:
-        return [f"node{k}" for k in range(1, self.nodes + 1)]
-
-    @property
-    def spare_names(self) -> list[str]:
-        return [f"node{k}" for k in range(self.nodes + 1, self.nodes + self.spares + 1)]
-
-    @property
-    def all_names(self) -> list[str]:
-        return self.node_names + self.spare_names
-
-    def node_port(self, name: str) -> int:
-        return self.port_base + 10 + int(name.removeprefix("node"))
-
-    @property
-    def memory_root(self) -> Path:
-        """Where the nodes' checkpoint memory tiers live (a /dev/shm per node)."""
-        return Path(f"/dev/shm/hyperpod-local-{self.port_base}")
-
-    @property
-    def progress_root(self) -> Path:
-        """Where the nodes' training progress records live (a /dev/shm per node)."""
-        return Path(f"/dev/shm/hyperpod-local-{self.port_base}-progress")
-
-    @property
-    def ports(self) -> list[int]:
-        return [self.port_base] + [self.node_port(n) for n in self.all_names]
 
 
 def slurm_conf(shape: Shape, ctl_host: str) -> str:
@@ -65,7 +22,7 @@ def slurm_conf(shape: Shape, ctl_host: str) -> str:
         f"SlurmctldHost={ctl_host}(127.0.0.1)",
         f"SlurmctldPort={shape.port_base}",
         "AuthType=auth/munge",
-        f"AuthInfo=socket={d}/munge/munge.sock,cred_expire={shape.cred_expire}",
+        f"AuthInfo=socket={shape.munge_socket},cred_expire={shape.cred_expire}",
         "CredType=cred/munge",
         "SlurmUser=root",
         "SlurmdUser=root",
@@ -141,30 +98,6 @@ def plugstack_conf(shape: Shape, services: bool = False) -> str:
         # to the hyperpod command of the Python that runs the cluster (its venv).
         line += f" step_helper={Path(sys.executable).parent / 'hyperpod'}"
     return line + "\n"
-
-
-JOB_SUBMIT_LUA = """\
--- Installed by hyperpod: copy the --auto-resume value that the SPANK plugin put
--- in the job-control environment into admin_comment, where the controller reads
--- it. Users cannot change admin_comment and it survives requeue.
-function slurm_job_submit(job_desc, part_list, submit_uid)
-  local value = nil
-  if job_desc.spank_job_env ~= nil then
-    for _, entry in pairs(job_desc.spank_job_env) do
-      local m = string.match(entry, "^AUTO_RESUME=(%d+)$")
-      if m ~= nil then value = m end
-    end
-  end
-  if value ~= nil then
-    job_desc.admin_comment = "auto_resume=" .. value
-  end
-  return slurm.SUCCESS
-end
-
-function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  return slurm.SUCCESS
-end
-"""
 
 
 def reboot_sh(shape: Shape, python: str) -> str:

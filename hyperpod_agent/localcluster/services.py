@@ -16,14 +16,12 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import deepchecks, ha, procs, render
+from hyperpod_agent.localcluster import daemons, deepchecks, ha, procs, render
 from hyperpod_agent.localcluster.namespaces import is_mount
-
-if TYPE_CHECKING:
-    from hyperpod_agent.localcluster.cluster import LocalCluster
+from hyperpod_agent.localcluster.shape import Shape
 
 log = logging.getLogger(__name__)
 
@@ -61,15 +59,15 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 class Services:
-    """Start and stop the controller and the agents of ``cluster``."""
+    """Start and stop the controller and the agents of the cluster ``shape`` describes."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self.dir = cluster.dir
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
+        self.dir = shape.dir
 
     @property
     def controller_port(self) -> int:
-        return ha.controller_port(self.cluster.shape, "controller")
+        return ha.controller_port(self.shape, "controller")
 
     @property
     def controller_url(self) -> str:
@@ -78,19 +76,19 @@ class Services:
     @property
     def controllers(self) -> tuple[str, ...]:
         """The controllers' service names: two with ``--ha``, the first leading at start."""
-        return ha.CONTROLLERS if self.cluster.shape.ha else ha.CONTROLLERS[:1]
+        return ha.CONTROLLERS if self.shape.ha else ha.CONTROLLERS[:1]
 
     def url_of(self, controller: str) -> str:
-        return f"http://127.0.0.1:{ha.controller_port(self.cluster.shape, controller)}"
+        return f"http://127.0.0.1:{ha.controller_port(self.shape, controller)}"
 
     def _controller_keys(self) -> dict[str, Any]:
         """How clients (agents, the admin CLI) name the controllers."""
-        if self.cluster.shape.ha:
+        if self.shape.ha:
             return {"urls": [self.url_of(c) for c in self.controllers]}
         return {"url": self.controller_url}
 
     def netns(self, node: str) -> str:
-        return f"hp{self.cluster.shape.port_base}-{node}"
+        return f"hp{self.shape.port_base}-{node}"
 
     def scratch(self, node: str) -> Path:
         return self.dir / "mnt" / node
@@ -102,7 +100,7 @@ class Services:
         return self.dir / "run" / f"agent-{node}" / "health.json"
 
     def metrics_port(self, node: str) -> int:
-        return self.cluster.shape.port_base + 40 + int(node.removeprefix("node"))
+        return self.shape.port_base + 40 + int(node.removeprefix("node"))
 
     # ------------------------------------------------------------------ configs
     def auth(self) -> dict[str, Any]:
@@ -110,18 +108,18 @@ class Services:
         # nodes apart; MUNGE still proves uid and rejects replays.
         return {
             "mode": "munge",
-            "munge_socket": str(self.cluster.munge_socket),
+            "munge_socket": str(self.shape.munge_socket),
             "check_origin": False,
         }
 
     def controller_config(self, controller: str = "controller") -> dict[str, Any]:
-        shared = ha.store_section(self.cluster.shape, controller) if self.cluster.shape.ha else {}
+        shared = ha.store_section(self.shape, controller) if self.shape.ha else {}
         return {
             **shared,
             "listen_host": "127.0.0.1",
-            "listen_port": ha.controller_port(self.cluster.shape, controller),
+            "listen_port": ha.controller_port(self.shape, controller),
             "state_db": str(self.dir / "state" / "controller.db"),
-            "slurm_conf": str(self.cluster.slurm_conf),
+            "slurm_conf": str(self.shape.slurm_conf),
             "slurm_user": "root",  # SlurmUser in the local cluster's slurm.conf
             "reconcile_interval_s": 2.0,
             "auth": self.auth(),
@@ -151,13 +149,13 @@ class Services:
             "node_name": node,
             "cache_path": str(self.cache(node)),
             "state_dir": str(self.cache(node).parent),
-            "slurm_conf": str(self.cluster.slurm_conf),
+            "slurm_conf": str(self.shape.slurm_conf),
             "sysfs_root": str(self.dir / "sys" / node),
             "auto_resume_markers": str(self.dir / "autoresume"),
             # TaskProlog puts each node's memory tiers under memory_root/<node>/<job>.
-            "memory_tier": {"root": str(self.cluster.shape.memory_root / node)},
+            "memory_tier": {"root": str(self.shape.memory_root / node)},
             # ... and the ranks' progress records under progress_root/<node>/<job>.
-            "progress_dir": str(self.cluster.shape.progress_root / node),
+            "progress_dir": str(self.shape.progress_root / node),
             "cycle_s": 1.0,
             "metrics": {"port": self.metrics_port(node)},
             # A restarted agent waits a little before non-urgent verdicts, as on a
@@ -177,7 +175,7 @@ class Services:
                     "mounts": [{"path": str(self.scratch(node)), "name": "scratch"}],
                 },
                 "cpu": {"interval_s": 5.0},
-                "slurmd": {"interval_s": 2.0, "munge_socket": str(self.cluster.munge_socket)},
+                "slurmd": {"interval_s": 2.0, "munge_socket": str(self.shape.munge_socket)},
                 "script": {"enabled": False},
             },
             "controller": {
@@ -186,7 +184,7 @@ class Services:
                 "heartbeat_interval_s": 5.0,
                 "backoff_max_s": 5.0,
                 "self_drain_after_s": 30.0,
-                "slurm_conf": str(self.cluster.slurm_conf),
+                "slurm_conf": str(self.shape.slurm_conf),
                 "slurm_user": "root",
             },
         }
@@ -206,7 +204,7 @@ class Services:
         AdminConfig.model_validate(admin)
         (etc / "admin.toml").write_text(to_toml(admin))
         (self.dir / "gpu").mkdir(exist_ok=True)
-        for node in self.cluster.shape.all_names:
+        for node in self.shape.all_names:
             AgentConfig.model_validate(self.agent_config(node))
             (etc / f"agent-{node}.toml").write_text(to_toml(self.agent_config(node)))
             self.scenario(node).write_text(json.dumps(HEALTHY_GPUS) + "\n")
@@ -271,7 +269,7 @@ class Services:
         pid = procs.read_pidfile(pidfile)
         if pid is not None:
             return pid
-        pid = self.cluster._spawn(argv, f"{name}.log", env)
+        pid = daemons.start_process(self.shape, argv, f"{name}.log", env)
         procs.write_pidfile(pidfile, pid)
         return pid
 
@@ -333,24 +331,24 @@ class Services:
         # srun --auto-resume inside a job may now ask the controller to retry its step
         conf = self.dir / "etc" / "plugstack.conf"
         tmp = conf.with_suffix(".new")
-        tmp.write_text(render.plugstack_conf(self.cluster.shape, services=True))
+        tmp.write_text(render.plugstack_conf(self.shape, services=True))
         os.replace(tmp, conf)
-        for node in self.cluster.shape.all_names:
+        for node in self.shape.all_names:
             self.make_node_hardware(node)
-        if self.cluster.shape.ha:
-            ha.start_database(self.cluster.shape)
+        if self.shape.ha:
+            ha.start_database(self.shape)
         for name in self.controllers:
             self.start_controller(name=name)
-        for node in self.cluster.shape.all_names:
+        for node in self.shape.all_names:
             self.start_agent(node)
 
     def down(self) -> None:
-        for node in self.cluster.shape.all_names:
+        for node in self.shape.all_names:
             self.stop(f"agent-{node}")
         for name in self.controllers:
             self.stop(name)
-        ha.stop_database(self.cluster.shape)
-        for node in self.cluster.shape.all_names:
+        ha.stop_database(self.shape)
+        for node in self.shape.all_names:
             self.remove_node_hardware(node)
 
     def power_off(self, node: str) -> None:

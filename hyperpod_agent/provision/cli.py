@@ -8,12 +8,8 @@ from pathlib import Path
 
 import click
 
-from hyperpod_agent.provision.models import (
-    ProvisionError,
-    ProvisioningParameters,
-    load_parameters,
-    load_resource_config,
-)
+from hyperpod_agent.provision.load import load_parameters, load_resource_config
+from hyperpod_agent.provision.models import ProvisionError, ProvisioningParameters
 from hyperpod_agent.provision.schema import schema_text
 
 FILE = click.Path(path_type=Path, dir_okay=False)

@@ -1,4 +1,5 @@
-"""``provisioning_parameters.json`` and ``resource_config.json``: validated at load.
+"""The models of ``provisioning_parameters.json`` and ``resource_config.json``
+(load.py reads the files).
 
 Every problem is reported before anything is written, one line each, naming the file,
 the key path and what was expected, e.g.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -362,49 +362,3 @@ def describe_errors(source: str, exc: ValidationError) -> list[str]:
             f"{source}: {where}: {msg}{shown}" if where != "(top level)" else f"{source}: {msg}"
         )
     return lines
-
-
-def parse_json(text: str, source: str) -> Any:
-    """Parse JSON text; ProvisionError with line and column on failure."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProvisionError(
-            [f"{source}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"]
-        ) from None
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProvisionError([f"{path}: no such file"]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProvisionError([f"{path}: cannot read: {exc}"]) from None
-
-
-def parse_parameters(data: Any, source: str) -> ProvisioningParameters:
-    """Validate parsed JSON, then the agent/controller overrides; all problems listed."""
-    try:
-        params = ProvisioningParameters.model_validate(data)
-    except ValidationError as exc:
-        raise ProvisionError(describe_errors(source, exc)) from None
-    from hyperpod_agent.provision.render import check_overrides
-
-    problems = check_overrides(params, source)
-    if problems:
-        raise ProvisionError(problems)
-    return params
-
-
-def load_parameters(path: Path) -> ProvisioningParameters:
-    """Read and validate provisioning_parameters.json."""
-    return parse_parameters(parse_json(_read(path), str(path)), str(path))
-
-
-def load_resource_config(path: Path) -> ResourceConfig:
-    """Read and validate resource_config.json."""
-    try:
-        return ResourceConfig.model_validate(parse_json(_read(path), str(path)))
-    except ValidationError as exc:
-        raise ProvisionError(describe_errors(str(path), exc)) from None

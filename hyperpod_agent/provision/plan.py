@@ -14,20 +14,17 @@ from typing import Literal
 
 import hyperpod_agent
 from hyperpod_agent.provision import render
+from hyperpod_agent.provision.commands import Build, InstallPackage, Mount, SystemdEnable
 from hyperpod_agent.provision.layout import Layout
 from hyperpod_agent.provision.models import ProvisionError, ProvisioningParameters, WorkerGroup
 from hyperpod_agent.provision.steps import (
-    Build,
     CopyFile,
     Directory,
     File,
-    InstallPackage,
     ManagedBlock,
-    Mount,
     Secret,
     Step,
     Symlink,
-    SystemdEnable,
 )
 from hyperpod_agent.provision.verify import Check, ControllerAnswers, HealthCacheOk, OneAgentCycle
 

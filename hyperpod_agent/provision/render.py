@@ -13,14 +13,35 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from hyperpod_agent.localcluster.render import JOB_SUBMIT_LUA
 from hyperpod_agent.provision.layout import Layout
 from hyperpod_agent.provision.models import ProvisioningParameters, WorkerGroup, describe_errors
 
 HEADER = "Written by `hyperpod provision` from provisioning_parameters.json; edits are replaced."
-JOB_SUBMIT = JOB_SUBMIT_LUA
 # A job_submit.lua carrying this line is ours to replace; any other one is the site's.
 JOB_SUBMIT_MARKER = "Installed by hyperpod"
+# The local cluster installs the same file (localcluster/files.py).
+JOB_SUBMIT = """\
+-- Installed by hyperpod: copy the --auto-resume value that the SPANK plugin put
+-- in the job-control environment into admin_comment, where the controller reads
+-- it. Users cannot change admin_comment and it survives requeue.
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local value = nil
+  if job_desc.spank_job_env ~= nil then
+    for _, entry in pairs(job_desc.spank_job_env) do
+      local m = string.match(entry, "^AUTO_RESUME=(%d+)$")
+      if m ~= nil then value = m end
+    end
+  end
+  if value ~= nil then
+    job_desc.admin_comment = "auto_resume=" .. value
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+"""
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 

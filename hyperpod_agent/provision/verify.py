@@ -9,7 +9,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hyperpod_agent.provision.steps import StepError, run_command
+from hyperpod_agent.provision.commands import run_command
+from hyperpod_agent.provision.steps import StepError
 
 POLL_S = 2.0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.errors import LocalClusterError, SlurmError
-from hyperpod_agent.localcluster import drill
+from hyperpod_agent.localcluster import reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services
 from hyperpod_agent.slurm.models import Node
@@ -188,7 +188,7 @@ class Drill:
         the local cluster's policy settings until the next fresh controller, and
         ``deep_checks`` its deep-check settings (the gates).
         """
-        drill.fresh_controller(self.cluster, policy, deep_checks)
+        reset.fresh_controller(self.cluster, policy, deep_checks)
         wait_for(
             "every agent reporting to the new controller",
             lambda: (
@@ -261,7 +261,7 @@ class Drill:
             self.slurm.cancel(job.job_id)
         # ... and a FAILED auto-resume job still in view would be requeued by a fault
         # the next drill injects on its node.
-        drill.retire_finished_jobs(self.cluster)
+        reset.retire_finished_jobs(self.cluster)
         for name in self.all_nodes:
             self.heal_gpus(name)
             self.set_link(name, True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.localcluster import drill, procs
+from hyperpod_agent.localcluster import drill, procs, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.reasons import parse_reason
 from hyperpod_agent.slurm.client import SlurmClient
@@ -26,9 +26,9 @@ CKPT_EVERY = 5
 
 @pytest.fixture
 def cluster(service_cluster: LocalCluster) -> Iterator[LocalCluster]:
-    drill.reset_cluster(service_cluster)
+    reset.reset_cluster(service_cluster)
     yield service_cluster
-    drill.reset_cluster(service_cluster)
+    reset.reset_cluster(service_cluster)
 
 
 def slurm_of(cluster: LocalCluster) -> SlurmClient:

@@ -21,7 +21,7 @@ import pytest
 from drill_helpers import Drill, wait_for
 
 from hyperpod_agent.controller.crash import CRASH_AT_ENV
-from hyperpod_agent.localcluster import drill, ha, procs
+from hyperpod_agent.localcluster import drill, ha, procs, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.slurm
@@ -51,7 +51,7 @@ def d(ha_cluster: LocalCluster) -> Iterator[Drill]:
         ha.start_database(ha_cluster.shape, fresh=False)
     for name in services.controllers:
         services.start_controller(name=name)
-    drill.reset_cluster(ha_cluster)
+    reset.reset_cluster(ha_cluster)
     yield Drill(ha_cluster)
     if ha.database_pid(ha_cluster.shape) is None:
         ha.start_database(ha_cluster.shape, fresh=False)
@@ -59,7 +59,7 @@ def d(ha_cluster: LocalCluster) -> Iterator[Drill]:
         services.start_controller(name=name)
     # A reboot a drill started must end before the cluster may stop: its slurmd would
     # otherwise start after `down` and live on.
-    drill.reset_cluster(ha_cluster)
+    reset.reset_cluster(ha_cluster)
 
 
 # ---------------------------------------------------------------------- reading

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from hyperpod_agent.localcluster import drill, procs
+from hyperpod_agent.localcluster import drill, procs, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.models import Job
 
@@ -28,9 +28,9 @@ DETECT_S = 60.0  # bound on every wait for a declaration (measured: bench/hang.p
 
 @pytest.fixture
 def cluster(service_cluster: LocalCluster) -> Iterator[LocalCluster]:
-    drill.reset_cluster(service_cluster)
+    reset.reset_cluster(service_cluster)
     yield service_cluster
-    drill.reset_cluster(service_cluster)
+    reset.reset_cluster(service_cluster)
 
 
 def hyperpod(cluster: LocalCluster, *args: str) -> Any:

@@ -27,7 +27,7 @@ from hyperpod_agent.auth.client import ClientAuth
 from hyperpod_agent.auth.config import AuthConfig
 from hyperpod_agent.client import ControllerClient
 from hyperpod_agent.provision.apply import apply_plan
-from hyperpod_agent.provision.models import parse_parameters
+from hyperpod_agent.provision.load import parse_parameters
 from hyperpod_agent.provision.plan import Options, build_plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.localcluster import drill
+from hyperpod_agent.localcluster import drill, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
 from hyperpod_agent.slurm.hostlist import compress_hostlist
@@ -30,9 +30,9 @@ STARTED = "batch script started on "
 
 @pytest.fixture
 def cluster(service_cluster: LocalCluster) -> Iterator[LocalCluster]:
-    drill.reset_cluster(service_cluster)
+    reset.reset_cluster(service_cluster)
     yield service_cluster
-    drill.reset_cluster(service_cluster)
+    reset.reset_cluster(service_cluster)
 
 
 class States:

@@ -81,7 +81,7 @@ def test_missing_binaries_say_how_to_get_them(tmp_path: Path) -> None:
 
 def test_the_local_clusters_database_outlives_its_starter_and_restarts_with_its_data() -> None:
     from hyperpod_agent.localcluster import ha
-    from hyperpod_agent.localcluster.render import Shape
+    from hyperpod_agent.localcluster.shape import Shape
 
     parent = Path(tempfile.mkdtemp(prefix="hyperpod-ha-test-"))
     parent.chmod(0o755)  # as the local cluster's directory: the server's user passes

@@ -2,7 +2,7 @@ import sys
 from pathlib import Path
 
 from hyperpod_agent.localcluster import render
-from hyperpod_agent.localcluster.render import Shape
+from hyperpod_agent.localcluster.shape import Shape
 
 
 def shape(**kw: int) -> Shape:
@@ -52,11 +52,6 @@ def test_plugstack_loads_the_plugin_with_strict_arguments() -> None:
     # hyperpod command
     helper = f"step_helper={Path(sys.executable).parent / 'hyperpod'}"
     assert helper in render.plugstack_conf(shape(), services=True).split()
-
-
-def test_job_submit_copies_auto_resume_to_admin_comment() -> None:
-    assert "AUTO_RESUME=(%d+)$" in render.JOB_SUBMIT_LUA
-    assert 'job_desc.admin_comment = "auto_resume=" .. value' in render.JOB_SUBMIT_LUA
 
 
 def test_reboot_program_detaches_and_quotes() -> None:

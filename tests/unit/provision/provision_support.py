@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from hyperpod_agent.provision.models import ProvisionError, parse_parameters
+from hyperpod_agent.provision.load import parse_parameters
+from hyperpod_agent.provision.models import ProvisionError
 
 AGENT_UNIT = """[Unit]
 Description=hyperpod node health agent

@@ -25,7 +25,9 @@ from provision_support import (
 
 from hyperpod_agent.provision import render
 from hyperpod_agent.provision.apply import Retry, apply_plan, with_retry
-from hyperpod_agent.provision.models import ProvisionError, StepFailed, parse_parameters
+from hyperpod_agent.provision.commands import Mount, SystemdEnable
+from hyperpod_agent.provision.load import parse_parameters
+from hyperpod_agent.provision.models import ProvisionError, StepFailed
 from hyperpod_agent.provision.plan import Options, build_plan
 from hyperpod_agent.provision.steps import (
     BEGIN,
@@ -33,10 +35,8 @@ from hyperpod_agent.provision.steps import (
     Change,
     Context,
     ManagedBlock,
-    Mount,
     Step,
     StepError,
-    SystemdEnable,
 )
 
 DIRS = {

@@ -25,7 +25,8 @@ from hyperpod_agent.agent.config import AgentConfig
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.provision.apply import apply_plan
 from hyperpod_agent.provision.cli import provision
-from hyperpod_agent.provision.models import StepFailed, parse_parameters
+from hyperpod_agent.provision.load import parse_parameters
+from hyperpod_agent.provision.models import StepFailed
 from hyperpod_agent.provision.plan import Options, Plan, build_plan
 from hyperpod_agent.provision.steps import File
 

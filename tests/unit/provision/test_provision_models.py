@@ -10,13 +10,8 @@ import pytest
 from provision_support import base_params, problems
 
 from hyperpod_agent.errors import ConfigError
-from hyperpod_agent.provision.models import (
-    ProvisionError,
-    ResourceConfig,
-    load_parameters,
-    load_resource_config,
-    parse_parameters,
-)
+from hyperpod_agent.provision.load import load_parameters, load_resource_config, parse_parameters
+from hyperpod_agent.provision.models import ProvisionError, ResourceConfig
 
 SRC = "params.json"
 

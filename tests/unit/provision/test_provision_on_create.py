@@ -16,7 +16,8 @@ import pytest
 from provision_support import base_params, tree
 
 from hyperpod_agent.cli import COMMANDS
-from hyperpod_agent.provision.steps import Context, InstallPackage
+from hyperpod_agent.provision.commands import InstallPackage
+from hyperpod_agent.provision.steps import Context
 
 REPO = Path(__file__).resolve().parents[3]
 ON_CREATE = REPO / "lifecycle_scripts" / "on_create.sh"

@@ -10,10 +10,9 @@ from provision_support import base_params
 
 from hyperpod_agent.agent.config import AgentConfig
 from hyperpod_agent.controller.config import ControllerConfig
-from hyperpod_agent.localcluster import render as localcluster_render
 from hyperpod_agent.provision import render
 from hyperpod_agent.provision.layout import Layout, relocate
-from hyperpod_agent.provision.models import parse_parameters
+from hyperpod_agent.provision.load import parse_parameters
 
 PREFIX = Path("/p")
 
@@ -145,8 +144,9 @@ def test_hyperpod_conf() -> None:
     ]
 
 
-def test_job_submit_lua_is_the_local_cluster_contract() -> None:
-    assert render.JOB_SUBMIT is localcluster_render.JOB_SUBMIT_LUA
+def test_job_submit_copies_auto_resume_to_admin_comment() -> None:
+    assert "AUTO_RESUME=(%d+)$" in render.JOB_SUBMIT
+    assert 'job_desc.admin_comment = "auto_resume=" .. value' in render.JOB_SUBMIT
     assert render.JOB_SUBMIT_MARKER in render.JOB_SUBMIT
 
 
