@@ -6,7 +6,11 @@ typed, one-line :class:`ControllerUnreachable` or :class:`ControllerError`.
 
 A client may hold several controller URLs (controllers with ``[ha]``): a request that
 cannot connect, or that a standby answers ``503 not_leader``, goes to the next URL,
-each at most once per request; the URL that answered is tried first next time.
+each at most once per request; the URL that answered is tried first next time. An
+idempotent request (a read, a report, a heartbeat, a step watch's renewal) also goes on
+to the next URL when one accepts it but does not answer within the timeout (a frozen
+leader), so a controller that stops answering loses its clients within one timeout; a
+request that changes something is never sent twice.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from hyperpod_agent.auth.client import ClientAuth
 from hyperpod_agent.errors import ConfigError, HyperpodError
 
 ACTIONS = ("drain", "resume", "reboot", "replace")
+# POSTs that may be sent again to another controller after a timeout: reports and
+# heartbeats carry their sequence number (a repeat is recognised), a watch renewal says
+# the same thing twice.
+IDEMPOTENT_POSTS = frozenset({"/v1/reports", "/v1/heartbeats", "/v1/steps/watch"})
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
 
 
@@ -121,14 +129,21 @@ class ControllerClient:
         """Send one request; return the decoded JSON answer (None for an empty body).
 
         With several URLs, one that cannot be connected to or answers ``not_leader``
-        passes the request to the next; the last one's error is raised."""
+        passes the request to the next, and so does one that does not answer in time
+        when the request is idempotent; the last one's error is raised."""
         start = self._preferred
         error: ControllerUnreachable | ControllerError | None = None
+        again = method == "GET" or (method == "POST" and path in IDEMPOTENT_POSTS)
         for i in range(len(self.urls)):
             index = (start + i) % len(self.urls)
             try:
                 answer = self._request_one(self.urls[index], method, path, payload, query)
             except _NotSent as exc:
+                error = exc.error
+                continue
+            except _NoAnswer as exc:
+                if not again:
+                    raise exc.error from None
                 error = exc.error
                 continue
             except ControllerError as exc:
@@ -177,7 +192,9 @@ class ControllerClient:
             # not taken, so another controller may have it.
             raise _NotSent(ControllerUnreachable(url, _why(exc.reason))) from None
         except TimeoutError:
-            raise ControllerUnreachable(url, f"timed out after {self.timeout:g} s") from None
+            # Sent, and no answer: the controller may or may not have acted on it.
+            why = f"timed out after {self.timeout:g} s (no answer)"
+            raise _NoAnswer(ControllerUnreachable(url, why)) from None
         except (OSError, http.client.HTTPException) as exc:
             raise ControllerUnreachable(url, _why(exc)) from None
         if not raw.strip():
@@ -203,7 +220,7 @@ class ControllerClient:
             entry: dict[str, Any] = {"url": url, "ok": False, "controller": None, "role": None}
             try:
                 doc = self._request_one(url, "GET", "/v1/healthz", None, None)
-            except _NotSent as exc:
+            except (_NotSent, _NoAnswer) as exc:
                 entry["error"] = f"unreachable: {exc.error}"
             except (ControllerUnreachable, ControllerError) as exc:
                 entry["error"] = f"unreachable: {exc}"
@@ -340,6 +357,14 @@ class ControllerClient:
 
 class _NotSent(Exception):
     """A request no controller received (it could not connect): try the next."""
+
+    def __init__(self, error: ControllerUnreachable) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _NoAnswer(Exception):
+    """A request a controller took but did not answer within the timeout."""
 
     def __init__(self, error: ControllerUnreachable) -> None:
         super().__init__(str(error))
