@@ -11,10 +11,12 @@ Two rules stand between the node rules and Slurm (DESIGN §7):
   a shared cause before it is plain. A burst stays one when some of its nodes come
   back clean (the one acted on at once, rebooted): their closed faults still count.
 - **Blast radius**, per partition: nodes unavailable (drained by anyone, down, not
-  responding) plus new take-outs may not exceed ``max_unhealthy_fraction`` of the
-  partition. A partition over its limit takes out nothing new in this pass (incident
-  mode); other partitions are not affected. A node held for repair whose spare came in
-  no longer counts: the spare took its place.
+  responding), nodes already on their way out (an open drain, hold, reboot or replace
+  intent; under a deep check; the bad node of a step retry under way) plus new
+  take-outs may not exceed ``max_unhealthy_fraction`` of the partition. A partition
+  over its limit takes out nothing new in this pass (incident mode); other partitions
+  are not affected. A node held for repair whose spare came in no longer counts: the
+  spare took its place.
 """
 
 from __future__ import annotations
@@ -129,22 +131,39 @@ def allowed_out(policy: PolicyConfig, size: int) -> int:
     return max(policy.min_unhealthy_nodes, math.floor(policy.max_unhealthy_fraction * size))
 
 
+TAKE_OUT_INTENTS = frozenset({"drain", "hold", "reboot", "replace"})
+
+
+def on_the_way_out(snap: Snapshot) -> frozenset[str]:
+    """Nodes that Slurm may still show in service but that are already being taken out:
+    an open take-out intent, a deep check under way, the bad node of a step retry."""
+    leaving = {
+        a.node
+        for a in snap.in_flight
+        # a replacement with its spare promised is capacity for capacity (``counted``)
+        if a.node and a.kind in TAKE_OUT_INTENTS and not a.params.get("spare")
+    }
+    leaving |= set(snap.checking)
+    leaving |= {bad for bad, _ in snap.step_retries.values() if bad}
+    return frozenset(leaving)
+
+
 def limit_take_outs(
     snap: Snapshot, policy: PolicyConfig, planned: Sequence[PlannedAction]
 ) -> Limits:
     """Keep the take-outs each partition can afford; drop all of an over partition's."""
     members = _members(snap.nodes)
-    out = {
-        part: sum(1 for n in nodes if unavailable(n, snap.replaced))
-        for part, nodes in members.items()
-    }
-    # A node already unavailable loses no capacity by being taken out (again).
+    leaving = on_the_way_out(snap)
+
+    def gone(node: Node) -> bool:
+        return unavailable(node, snap.replaced) or node.name in leaving
+
+    out = {part: sum(1 for n in nodes if gone(n)) for part, nodes in members.items()}
+    # A node already out (or on its way) loses no capacity by being taken out (again).
     new = {
         str(a.node)
         for a in planned
-        if counted(a)
-        and a.node in snap.nodes
-        and not unavailable(snap.nodes[str(a.node)], snap.replaced)
+        if counted(a) and a.node in snap.nodes and not gone(snap.nodes[str(a.node)])
     }
     over: dict[str, str] = {}
     while True:
@@ -172,7 +191,7 @@ def limit_take_outs(
         str(a.node)
         for a in planned
         if counted(a) and a.node in snap.nodes and str(a.node) not in new
-        if not unavailable(snap.nodes[str(a.node)], snap.replaced)
+        if not gone(snap.nodes[str(a.node)])
     }
     events = []
     if over:

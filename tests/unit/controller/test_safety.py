@@ -231,3 +231,44 @@ def test_a_shared_cause_spends_no_spare() -> None:
     )
     decision = decide(snap, config(), NOW)
     assert [a for a in decision.actions if a.node is not None] == []
+
+
+def _one_more_fault(**extra: object) -> Decision:
+    """A 10-node partition (one node may be out) with a2 newly faulty."""
+    nodes = part("a", 10)
+    return decide(
+        Snapshot(
+            nodes=nodes,
+            health={n: healthy() for n in nodes} | {"a2": faulty()},
+            open_faults=[fault("a2", code="xid79", urgent=True)],
+            history=[],
+            started_at=NOW - 3600,
+            **extra,  # type: ignore[arg-type]
+        ),
+        config(),
+        NOW,
+    )
+
+
+def test_nodes_on_their_way_out_count_toward_the_blast_radius() -> None:
+    # Slurm still shows a3 in service, but it is already leaving: a2 must wait.
+    for extra in (
+        {"in_flight": [action_row("drain", "a3", "intent")]},
+        {"in_flight": [action_row("reboot", "a3", "applied")]},
+        {"checking": frozenset({"a3"})},
+        {"step_retries": {12: ("a3", "s9")}},
+    ):
+        d = _one_more_fault(**extra)
+        assert d.incident, extra
+        assert [a for a in d.actions if a.node == "a2"] == [], extra
+
+
+def test_what_is_not_leaving_does_not_count() -> None:
+    for extra in (
+        {},
+        {"in_flight": [action_row("resume", "a3", "intent")]},
+        {"in_flight": [action_row("replace", "a3", "intent", params={"spare": "s1"})]},
+    ):
+        d = _one_more_fault(**extra)
+        assert not d.incident, extra
+        assert [a.node for a in d.actions] == ["a2"], extra

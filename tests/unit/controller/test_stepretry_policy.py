@@ -13,7 +13,7 @@ XID48 = fault("node3", component="gpu0", code="xid48", action="REBOOT", urgent=T
 
 
 def snapshot(step_retries: dict[int, tuple[str, str]]) -> Snapshot:
-    nodes = cluster(4)
+    nodes = cluster(21)  # room for two take-outs (2 of the 20 that are not the spare)
     nodes["node5"] = node("node5", flags=("DRAIN",), reason="hyperpod:spare")
     health = {n: healthy() for n in nodes}
     health.update({"node2": faulty(), "node3": faulty()})
@@ -44,3 +44,12 @@ def test_a_job_in_surgery_is_not_requeued_and_its_node_not_remedied() -> None:
     # the other job's node gets no spare: the only one is going into job 12
     assert ("replace", "node3", "node5") not in actions
     assert ("reboot", "node3", None) in actions and ("requeue", "13", None) in actions
+
+
+def test_a_surgerys_bad_node_counts_toward_the_blast_radius() -> None:
+    # 4 nodes: one may be out. The surgery takes node2 out, so node3 must wait.
+    snap = snapshot({12: ("node2", "node5")})
+    small = {n: snap.nodes[n] for n in ("node1", "node2", "node3", "node4", "node5")}
+    d = decide(Snapshot(**{**snap.__dict__, "nodes": small}), config(), NOW)
+    assert d.incident and "node3" in d.incident_reason + " ".join(e.message for e in d.events)
+    assert [a for a in d.actions if a.node == "node3"] == []
