@@ -19,10 +19,21 @@
  *       (unless the job set it), and a marker file <statedir>/<jobid> for
  *       steps started with --auto-resume inside a batch script, which the
  *       job_submit hook never sees.  HYPERPOD_CHECKPOINT_JOB_KEY=<key> when
- *       HYPERPOD_CHECKPOINT_DIR is <root>/<jobid> (and unset otherwise): the
- *       checkpoint library then refuses a directory made for another key, so
- *       a reused job id never restores an old job's checkpoints, while a
+ *       HYPERPOD_CHECKPOINT_DIR is one the plugin chose (and unset otherwise):
+ *       the checkpoint library then refuses a directory made for another key,
+ *       so a reused job id never restores an old job's checkpoints, while a
  *       directory the job chose itself is left alone.
+ *       Every step: the job's own directories, <progress_root>/<jobid> and
+ *       <memory_root>/<jobid> (and <checkpoint_root>/<jobid> for the steps
+ *       above), made by root mode 0700 and handed to the job's user before
+ *       any task starts (jobdirs.c).  One that someone else made first is left
+ *       alone and the job goes without that feature on the node (the
+ *       checkpoint directory becomes <checkpoint_root>/<jobid>.<key>); the
+ *       node's first task says so in the job's stderr (task_init).
+ *
+ *   job epilog (job_script context, root): the job's progress directory is
+ *       removed with its records (as the job's user), its memory tier
+ *       directory only if empty (a requeued job restores from it).
  *
  *   local (srun inside an allocation), with step_helper=:
  *       an srun whose own command line has --auto-resume[=N] (N > 0) hands
@@ -40,6 +51,8 @@
  *   step_helper=/abs/path     the hyperpod command, for step retry
  *   checkpoint_root=/abs/dir  parent of HYPERPOD_CHECKPOINT_DIR, or
  *   checkpoint_root=s3://bucket[/prefix]  (an object store)
+ *   progress_root=/abs/dir    where ranks keep progress records (%n: host name)
+ *   memory_root=/abs/dir      the checkpoint memory tier's root (%n: host name)
  *   max=M                     largest accepted N (default 1000)
  *   default=D                 N for a bare --auto-resume (default 1)
  */
@@ -56,6 +69,8 @@
 
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
+
+#include "jobdirs.h"
 
 SPANK_PLUGIN(auto_resume, 1);
 
@@ -77,11 +92,15 @@ struct ar_config {
 	char statedir[PATH_MAX];	/* "" = write no marker */
 	char checkpoint_root[PATH_MAX];	/* "" = leave HYPERPOD_CHECKPOINT_DIR */
 	char step_helper[PATH_MAX];	/* "" = no step retry hand-over */
+	char progress_root[PATH_MAX];	/* "" = make no progress directories */
+	char memory_root[PATH_MAX];	/* "" = make no memory tier directories */
 	long max;
 	long bare;
 };
 
-static struct ar_config cfg = { "", "", "", AR_DEFAULT_MAX, AR_DEFAULT_BARE };
+#define AR_CONFIG_DEFAULTS { "", "", "", "", "", AR_DEFAULT_MAX, AR_DEFAULT_BARE }
+
+static struct ar_config cfg = AR_CONFIG_DEFAULTS;
 
 /* The option value, kept from the callback: spank_option_getopt() is not
  * available in allocator context after option processing. -1 = not given. */
@@ -170,10 +189,16 @@ static int ar_parse_path(const char *arg, const char *val, char *dst, size_t len
  */
 static int ar_check_s3(const char *val)
 {
-	const char *b = val + 5, *end = strchr(b, '/'), *seg;
-	size_t blen = end ? (size_t) (end - b) : strlen(b), i;
+	const char *b, *end, *seg;
+	size_t blen, i;
 
-	if (strncmp(val, "s3://", 5) || blen < 3 || blen > 63)
+	/* the prefix first: "x" has nothing at val + 5 to read */
+	if (strncmp(val, "s3://", 5))
+		return -1;
+	b = val + 5;
+	end = strchr(b, '/');
+	blen = end ? (size_t) (end - b) : strlen(b);
+	if (blen < 3 || blen > 63)
 		return -1;
 	for (i = 0; i + 1 < blen; i++)
 		if (b[i] == '.' && b[i + 1] == '.')
@@ -215,14 +240,36 @@ static int ar_parse_root(const char *arg, const char *val, char *dst, size_t len
 	return 0;
 }
 
+/*
+ * A node-local root (progress_root=, memory_root=): an absolute path in which "%n"
+ * stands for this node's host name, where several nodes share one machine (the local
+ * cluster gives each node its own /dev/shm this way).  No other '%' is allowed.
+ */
+static int ar_parse_node_root(const char *arg, const char *val, char *dst, size_t len)
+{
+	const char *pct;
+
+	for (pct = strchr(val, '%'); pct; pct = strchr(pct + 2, '%')) {
+		if (pct[1] != 'n') {
+			ar_error("parse plugstack argument '%s': want an absolute path "
+				 "(%%n, the node's host name, is the only substitution)", arg);
+			return -1;
+		}
+	}
+	return ar_parse_path(arg, val, dst, len);
+}
+
 enum ar_key {
-	AR_STATEDIR, AR_CHECKPOINT_ROOT, AR_STEP_HELPER, AR_MAX, AR_DEFAULT, AR_NKEYS
+	AR_STATEDIR, AR_CHECKPOINT_ROOT, AR_STEP_HELPER, AR_PROGRESS_ROOT, AR_MEMORY_ROOT,
+	AR_MAX, AR_DEFAULT, AR_NKEYS
 };
 
 static const char *const ar_keys[AR_NKEYS] = {
 	[AR_STATEDIR] = "statedir",
 	[AR_CHECKPOINT_ROOT] = "checkpoint_root",
 	[AR_STEP_HELPER] = "step_helper",
+	[AR_PROGRESS_ROOT] = "progress_root",
+	[AR_MEMORY_ROOT] = "memory_root",
 	[AR_MAX] = "max",
 	[AR_DEFAULT] = "default",
 };
@@ -244,7 +291,7 @@ static int ar_find_key(const char *arg, size_t klen)
  */
 static int ar_parse_args(int ac, char **av)
 {
-	struct ar_config c = { "", "", "", AR_DEFAULT_MAX, AR_DEFAULT_BARE };
+	struct ar_config c = AR_CONFIG_DEFAULTS;
 	int seen[AR_NKEYS] = { 0 };
 	int i;
 
@@ -255,8 +302,8 @@ static int ar_parse_args(int ac, char **av)
 
 		if (key < 0) {
 			ar_error("parse plugstack argument '%s': unknown key (known: "
-				 "statedir=, checkpoint_root=, step_helper=, max=, "
-				 "default=)", arg);
+				 "statedir=, checkpoint_root=, progress_root=, "
+				 "memory_root=, step_helper=, max=, default=)", arg);
 			return -1;
 		}
 		if (!eq) {
@@ -280,6 +327,14 @@ static int ar_parse_args(int ac, char **av)
 		case AR_CHECKPOINT_ROOT:
 			bad = ar_parse_root(arg, eq + 1, c.checkpoint_root,
 					    sizeof(c.checkpoint_root));
+			break;
+		case AR_PROGRESS_ROOT:
+			bad = ar_parse_node_root(arg, eq + 1, c.progress_root,
+						 sizeof(c.progress_root));
+			break;
+		case AR_MEMORY_ROOT:
+			bad = ar_parse_node_root(arg, eq + 1, c.memory_root,
+						 sizeof(c.memory_root));
 			break;
 		case AR_MAX:
 		case AR_DEFAULT:
@@ -484,23 +539,56 @@ static int ar_job_key(spank_t sp)
 	return 0;
 }
 
+/* The job's key as its job-control environment carries it (remote context). */
+static int ar_job_key_of(spank_t sp, char *key, size_t len)
+{
+	return spank_getenv(sp, AR_KEY_JOB_ENV, key, (int) len) == ESPANK_SUCCESS &&
+		ar_valid_key(key) ? 0 : -1;
+}
+
 /*
- * Remote context: the job key applies to <root>/<jobid> only.  A step whose
- * HYPERPOD_CHECKPOINT_DIR is that directory (set here, or inherited from the
- * batch step) gets the key; any other directory (the job's own choice) gets
- * none, so a chain of jobs sharing one directory is never refused.
+ * The job's two possible checkpoint directories: <root>/<jobid> (primary) and, when the
+ * job has a key, <root>/<jobid>.<key> (fallback: the one a squatter cannot guess).
+ */
+struct ar_ckpt_dirs {
+	char key[2 * AR_KEY_BYTES + 1];	/* "" = the job has none */
+	char primary[PATH_MAX + 16];
+	char fallback[PATH_MAX + 64];	/* "" without a key */
+};
+
+static void ar_ckpt_dirs(spank_t sp, uint32_t jobid, struct ar_ckpt_dirs *d)
+{
+	if (ar_job_key_of(sp, d->key, sizeof(d->key)))
+		d->key[0] = '\0';
+	snprintf(d->primary, sizeof(d->primary), "%s/%u", cfg.checkpoint_root, jobid);
+	d->fallback[0] = '\0';
+	if (d->key[0])
+		snprintf(d->fallback, sizeof(d->fallback), "%s/%u.%s",
+			 cfg.checkpoint_root, jobid, d->key);
+}
+
+static int ar_is_ours(const struct ar_ckpt_dirs *d, const char *dir)
+{
+	return !strcmp(dir, d->primary) || (d->fallback[0] && !strcmp(dir, d->fallback));
+}
+
+/*
+ * Remote context: the job key applies to the directories the plugin chooses only.  A
+ * step whose HYPERPOD_CHECKPOINT_DIR is one of them (set here, or inherited from the
+ * batch step) gets the key; any other directory (the job's own choice) gets none, so
+ * a chain of jobs sharing one directory is never refused.
  */
 static int ar_bind_job_key(spank_t sp, uint32_t jobid)
 {
-	char key[2 * AR_KEY_BYTES + 1], dir[PATH_MAX + 16], want[PATH_MAX + 16];
+	struct ar_ckpt_dirs d;
+	char dir[PATH_MAX + 64];
 	spank_err_t err;
 
-	snprintf(want, sizeof(want), "%s/%u", cfg.checkpoint_root, jobid);
-	if (spank_getenv(sp, AR_KEY_JOB_ENV, key, sizeof(key)) == ESPANK_SUCCESS &&
-	    ar_valid_key(key) &&
-	    spank_getenv(sp, "HYPERPOD_CHECKPOINT_DIR", dir, sizeof(dir))
-	    == ESPANK_SUCCESS && !strcmp(dir, want)) {
-		err = spank_setenv(sp, AR_KEY_TASK_ENV, key, 1);
+	ar_ckpt_dirs(sp, jobid, &d);
+	if (d.key[0] &&
+	    spank_getenv(sp, "HYPERPOD_CHECKPOINT_DIR", dir, sizeof(dir)) == ESPANK_SUCCESS &&
+	    ar_is_ours(&d, dir)) {
+		err = spank_setenv(sp, AR_KEY_TASK_ENV, d.key, 1);
 		if (err != ESPANK_SUCCESS) {
 			ar_error("set %s: %s", AR_KEY_TASK_ENV, spank_strerror(err));
 			return -1;
@@ -514,18 +602,204 @@ static int ar_bind_job_key(spank_t sp, uint32_t jobid)
 	return 0;
 }
 
+/*
+ * What this step's tasks go without, and why: told to the job in its stderr by the
+ * node's first task (slurm_spank_task_init), and to the admin in the slurmd log.
+ */
+static char ar_notes[2048];
+static size_t ar_notes_len;
+
+static void ar_note(const char *fmt, ...) __attribute__ ((format (printf, 1, 2)));
+
+static void ar_note(const char *fmt, ...)
+{
+	char msg[1024];
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	ar_error("%s", msg);
+	n = snprintf(ar_notes + ar_notes_len, sizeof(ar_notes) - ar_notes_len,
+		     "auto-resume: %s: couldn't %s\n", ar_context(), msg);
+	if (n > 0)
+		ar_notes_len += (size_t) n < sizeof(ar_notes) - ar_notes_len ?
+			(size_t) n : sizeof(ar_notes) - ar_notes_len - 1;
+}
+
+/* A node root with each %n replaced by this node's host name (what $(hostname) says
+ * in the local cluster's TaskProlog). */
+static int ar_expand(const char *tmpl, char *out, size_t len, char *why, size_t wlen)
+{
+	char host[256] = "", one[2] = "";
+	const char *p = tmpl, *add;
+	size_t o = 0, n;
+
+	while (*p) {
+		if (p[0] == '%' && p[1] == 'n') {
+			if (!host[0] &&
+			    (gethostname(host, sizeof(host) - 1) < 0 || !host[0] ||
+			     strchr(host, '/') || !strcmp(host, ".") || !strcmp(host, ".."))) {
+				snprintf(why, wlen, "expand %s: no usable host name", tmpl);
+				return -1;
+			}
+			add = host;
+			p += 2;
+		} else {
+			one[0] = *p++;
+			add = one;
+		}
+		n = strlen(add);
+		if (o + n >= len) {
+			snprintf(why, wlen, "expand %s: path too long", tmpl);
+			return -1;
+		}
+		memcpy(out + o, add, n);
+		o += n;
+	}
+	out[o] = '\0';
+	return 0;
+}
+
+/*
+ * Remote context, every step: <root>/<jobid> made (or kept) for the job's user, mode
+ * 0700.  One that someone else holds is left alone and the job goes without it on this
+ * node (the library refuses it too); any other trouble is the admin's (slurmd log),
+ * and the job's own library may then make its directory itself, as without the plugin.
+ */
+static void ar_node_dir(const char *tmpl, const char *what, const char *off,
+			uint32_t jobid, uid_t uid, gid_t gid)
+{
+	char root[PATH_MAX], name[16], why[512];
+	enum jd_result r;
+	int fd;
+
+	if (!tmpl[0])
+		return;
+	snprintf(name, sizeof(name), "%u", jobid);
+	if (ar_expand(tmpl, root, sizeof(root), why, sizeof(why))) {
+		ar_error("make %s for job %u: %s", what, jobid, why);
+		return;
+	}
+	if ((fd = jd_open_root(root, 01777, why, sizeof(why))) < 0) {
+		ar_error("make %s %s/%s: %s", what, root, name, why);
+		return;
+	}
+	r = jd_ensure(fd, name, uid, gid, why, sizeof(why));
+	close(fd);
+	if (r == JD_REFUSED)
+		ar_note("make %s %s/%s: %s; left alone: %s for this job on this node",
+			what, root, name, why, off);
+	else if (r == JD_ERROR)
+		ar_error("make %s %s/%s: %s", what, root, name, why);
+}
+
+static int ar_set_checkpoint_dir(spank_t sp, const char *dir)
+{
+	spank_err_t err = dir ? spank_setenv(sp, "HYPERPOD_CHECKPOINT_DIR", dir, 1)
+		: spank_unsetenv(sp, "HYPERPOD_CHECKPOINT_DIR");
+
+	if (err != ESPANK_SUCCESS) {
+		ar_error("set HYPERPOD_CHECKPOINT_DIR: %s", spank_strerror(err));
+		return -1;
+	}
+	return 0;
+}
+
+/* Make <root_fd>/<name> the job's; JD_* as jd_ensure, trouble told. */
+static enum jd_result ar_ckpt_ensure(int fd, const char *name, const char *path,
+				     uid_t uid, gid_t gid, const char *instead)
+{
+	char why[512];
+	enum jd_result r = jd_ensure(fd, name, uid, gid, why, sizeof(why));
+
+	if (r == JD_REFUSED)
+		ar_note("make checkpoint directory %s: %s; left alone: %s", path, why, instead);
+	else if (r == JD_ERROR)	/* the library may still make it (root-squashed NFS) */
+		ar_error("make checkpoint directory %s: %s", path, why);
+	return r;
+}
+
+/*
+ * Remote context, a step with --auto-resume=N (N > 0): HYPERPOD_CHECKPOINT_DIR, made
+ * for the job's user (mode 0700).  Normally <root>/<jobid>.  If someone else holds that
+ * name (anyone may make it first in a 1777 root), the job checkpoints to
+ * <root>/<jobid>.<key> instead, named after its random key, which nobody else knows
+ * before the directory exists; once that one exists every later step and run of the
+ * job uses it.  A directory the job chose itself wins, as does an object store.
+ */
+static int ar_checkpoint_dir(spank_t sp, uint32_t jobid, uid_t uid, gid_t gid)
+{
+	struct ar_ckpt_dirs d;
+	char have[PATH_MAX + 64], name[64], why[512];
+	const char *chosen;
+	spank_err_t err;
+	int fd, set;
+
+	ar_ckpt_dirs(sp, jobid, &d);
+	err = spank_getenv(sp, "HYPERPOD_CHECKPOINT_DIR", have, sizeof(have));
+	set = err == ESPANK_SUCCESS;
+	if (err == ESPANK_NOSPACE || (set && !ar_is_ours(&d, have)))
+		return 0;	/* the job's own choice */
+	if (!strncmp(cfg.checkpoint_root, "s3://", 5))
+		return set ? 0 : ar_set_checkpoint_dir(sp, d.primary);
+	if ((fd = jd_open_root(cfg.checkpoint_root, 0, why, sizeof(why))) < 0) {
+		ar_error("make checkpoint directory %s: %s", d.primary, why);
+		return set ? 0 : ar_set_checkpoint_dir(sp, d.primary);
+	}
+	snprintf(name, sizeof(name), "%u.%s", jobid, d.key);
+	if (d.key[0] && jd_exists(fd, name)) {
+		chosen = d.fallback;
+		if (ar_ckpt_ensure(fd, name, d.fallback, uid, gid,
+				   "this job has no HYPERPOD_CHECKPOINT_DIR") == JD_REFUSED)
+			chosen = NULL;
+	} else {
+		chosen = d.primary;
+		snprintf(name, sizeof(name), "%u", jobid);
+		if (!d.key[0]) {
+			if (ar_ckpt_ensure(fd, name, d.primary, uid, gid,
+					   "this job (made without a job key) has no "
+					   "HYPERPOD_CHECKPOINT_DIR") == JD_REFUSED)
+				chosen = NULL;
+		} else if (jd_ensure(fd, name, uid, gid, why, sizeof(why)) == JD_REFUSED) {
+			ar_note("make checkpoint directory %s: %s; left alone: this job "
+				"checkpoints to %s", d.primary, why, d.fallback);
+			snprintf(name, sizeof(name), "%u.%s", jobid, d.key);
+			chosen = d.fallback;
+			if (ar_ckpt_ensure(fd, name, d.fallback, uid, gid,
+					   "this job has no HYPERPOD_CHECKPOINT_DIR")
+			    == JD_REFUSED)
+				chosen = NULL;
+		}
+	}
+	close(fd);
+	return ar_set_checkpoint_dir(sp, chosen);
+}
+
 /* slurmstepd, before the tasks start: runs as root with the job id known. */
 static int ar_remote_post_opt(spank_t sp)
 {
 	uint32_t jobid = 0, stepid = 0;
-	char val[32], dir[PATH_MAX + 16];
+	uid_t uid = 0;
+	gid_t gid = 0;
+	char val[32];
 	spank_err_t err;
 
+	ar_notes_len = 0;
+	ar_notes[0] = '\0';
 	if ((err = spank_get_item(sp, S_JOB_ID, &jobid)) != ESPANK_SUCCESS ||
-	    (err = spank_get_item(sp, S_JOB_STEPID, &stepid)) != ESPANK_SUCCESS) {
-		ar_error("get job id: %s", spank_strerror(err));
+	    (err = spank_get_item(sp, S_JOB_STEPID, &stepid)) != ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_JOB_UID, &uid)) != ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_JOB_GID, &gid)) != ESPANK_SUCCESS) {
+		ar_error("get the job's id and user: %s", spank_strerror(err));
 		return -1;
 	}
+	/* Someone else's squatting costs the job a feature on this node, never its run. */
+	ar_node_dir(cfg.progress_root, "progress directory", "progress records are off",
+		    jobid, uid, gid);
+	ar_node_dir(cfg.memory_root, "memory tier directory",
+		    "the checkpoint memory tier is off", jobid, uid, gid);
 	if (ar_value < 0)	/* a step without the option: only the key's binding */
 		return cfg.checkpoint_root[0] ? ar_bind_job_key(sp, jobid) : 0;
 	snprintf(val, sizeof(val), "%ld", ar_value);
@@ -533,15 +807,8 @@ static int ar_remote_post_opt(spank_t sp)
 		ar_error("set HYPERPOD_AUTO_RESUME: %s", spank_strerror(err));
 		return -1;
 	}
-	if (cfg.checkpoint_root[0] && ar_value > 0) {
-		snprintf(dir, sizeof(dir), "%s/%u", cfg.checkpoint_root, jobid);
-		/* overwrite = 0: a directory the job chose itself wins */
-		err = spank_setenv(sp, "HYPERPOD_CHECKPOINT_DIR", dir, 0);
-		if (err != ESPANK_SUCCESS && err != ESPANK_ENV_EXISTS) {
-			ar_error("set HYPERPOD_CHECKPOINT_DIR: %s", spank_strerror(err));
-			return -1;
-		}
-	}
+	if (cfg.checkpoint_root[0] && ar_value > 0 && ar_checkpoint_dir(sp, jobid, uid, gid))
+		return -1;
 	if (cfg.checkpoint_root[0] && ar_bind_job_key(sp, jobid))
 		return -1;
 	/* A missing marker costs the job its requeue, not its run: the error
@@ -549,6 +816,40 @@ static int ar_remote_post_opt(spank_t sp)
 	if (cfg.statedir[0])
 		(void) ar_write_marker(jobid, stepid);
 	return 0;
+}
+
+/*
+ * Job epilog (job_script context, root, once per job and node after its last step
+ * here).  The progress directory goes with everything in it, removed by a process
+ * running as the job's user: its records belong to runs that are over (a requeue
+ * starts fresh).  The memory tier directory goes only if it is empty: a requeued job
+ * restores from it, and the node agent frees it once Slurm reports the job finished.
+ * A directory that is not the job's user's is left alone.  <checkpoint_root>/<jobid>
+ * holds the job's checkpoints and is never touched.
+ */
+static void ar_remove_node_dir(const char *tmpl, const char *what, uint32_t jobid,
+			       uid_t uid, int recursive)
+{
+	char root[PATH_MAX], name[16], why[512];
+	enum jd_result r;
+	int fd;
+
+	if (!tmpl[0])
+		return;
+	snprintf(name, sizeof(name), "%u", jobid);
+	if (ar_expand(tmpl, root, sizeof(root), why, sizeof(why))) {
+		ar_error("remove %s for job %u: %s", what, jobid, why);
+		return;
+	}
+	if ((fd = jd_open_root(root, 0, why, sizeof(why))) < 0) {
+		if (errno != ENOENT)	/* no root: nothing to remove */
+			ar_error("remove %s %s/%s: %s", what, root, name, why);
+		return;
+	}
+	r = jd_remove(fd, name, uid, recursive, why, sizeof(why));
+	close(fd);
+	if (r == JD_REFUSED || r == JD_ERROR)
+		ar_error("remove %s %s/%s: %s; left alone", what, root, name, why);
 }
 
 /*
@@ -683,4 +984,42 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	default:
 		return 0;
 	}
+}
+
+/*
+ * Each task, as the job's user, right before it runs: the node's first task tells the
+ * job, in its stderr, what this step goes without and why (ar_note).
+ */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	int task = -1;
+
+	(void) ac;
+	(void) av;
+	if (!ar_notes_len || spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS ||
+	    task != 0)
+		return 0;
+	(void) ar_write_all(STDERR_FILENO, ar_notes, ar_notes_len);
+	return 0;
+}
+
+/* See ar_remove_node_dir.  Trouble is logged; it never drains the node. */
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	uint32_t jobid = 0;
+	uid_t uid = 0;
+	spank_err_t err;
+
+	if (ar_parse_args(ac, av))
+		return -1;
+	if (!cfg.progress_root[0] && !cfg.memory_root[0])
+		return 0;
+	if ((err = spank_get_item(sp, S_JOB_ID, &jobid)) != ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_JOB_UID, &uid)) != ESPANK_SUCCESS) {
+		ar_error("get the job's id and user: %s", spank_strerror(err));
+		return 0;
+	}
+	ar_remove_node_dir(cfg.progress_root, "progress directory", jobid, uid, 1);
+	ar_remove_node_dir(cfg.memory_root, "memory tier directory", jobid, uid, 0);
+	return 0;
 }

@@ -18,6 +18,7 @@ from hyperpod_agent.errors import LocalClusterError
 from hyperpod_agent.localcluster import render
 from hyperpod_agent.localcluster.shape import Shape
 from hyperpod_agent.provision.render import JOB_SUBMIT
+from hyperpod_agent.shared_root import prepare_shared_root
 
 SPANK_SOURCE = Path(__file__).resolve().parents[2] / "spank_plugin"
 
@@ -68,6 +69,11 @@ def write_files(shape: Shape) -> None:
     # A fresh start: no old jobs, job ids from 1, clean logs.
     shutil.rmtree(shape.memory_root, ignore_errors=True)
     shutil.rmtree(shape.progress_root, ignore_errors=True)
+    # Each node's roots, as its agent makes them (root's, 1777): the plugstack names
+    # them, and slurmstepd makes each job's directory in them.
+    for name in shape.all_names:
+        prepare_shared_root(shape.memory_root / name)
+        prepare_shared_root(shape.progress_root / name)
     for sub in ("state", "spool", "autoresume", "log", "checkpoints"):
         shutil.rmtree(d / sub, ignore_errors=True)
         (d / sub).mkdir()

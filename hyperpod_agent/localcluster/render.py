@@ -89,9 +89,13 @@ def _node_line(shape: Shape, name: str, state: str) -> str:
 def plugstack_conf(shape: Shape, services: bool = False) -> str:
     d = shape.dir
     # 'required': a plugin that fails to load makes sbatch/srun/slurmd fail loudly
-    # instead of silently losing --auto-resume.
+    # instead of silently losing --auto-resume. Each node has its own progress and
+    # memory roots (%n: the node's host name, as in task_prolog_sh), where slurmstepd
+    # makes every job's directories for the job's user.
     line = (
-        f"required {d}/lib/auto_resume.so statedir={d}/autoresume checkpoint_root={d}/checkpoints"
+        f"required {d}/lib/auto_resume.so statedir={d}/autoresume "
+        f"progress_root={shape.progress_root}/%n memory_root={shape.memory_root}/%n "
+        f"checkpoint_root={d}/checkpoints"
     )
     if services:
         # With a controller to ask: an srun --auto-resume inside a job hands itself over

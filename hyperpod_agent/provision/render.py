@@ -13,8 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hyperpod_agent.progress.format import DEFAULT_ROOT as DEFAULT_PROGRESS_ROOT
 from hyperpod_agent.provision.layout import Layout
 from hyperpod_agent.provision.models import ProvisioningParameters, WorkerGroup, describe_errors
+from hyperpod_agent.shared_root import DEFAULT_MEMORY_ROOT
 
 HEADER = "Written by `hyperpod provision` from provisioning_parameters.json; edits are replaced."
 # A job_submit.lua carrying this line is ours to replace; any other one is the site's.
@@ -249,6 +251,10 @@ def plugstack_line(params: ProvisioningParameters, layout: Layout) -> str:
     # step_helper: an srun --auto-resume inside a job hands itself over to hyperpod's
     # step-retry helper, which runs on the job's nodes.
     args = [f"statedir={layout.statedir}", f"step_helper={layout.hyperpod_bin}"]
+    # Each job's progress and memory tier directories are made by slurmstepd (root) for
+    # the job's user, under the roots the agents read (agent.toml, overrides included).
+    progress, memory = node_roots(params)
+    args += [f"progress_root={progress}", f"memory_root={memory}"]
     if ar.checkpoint_root:
         args.append(f"checkpoint_root={ar.checkpoint_root}")
     if ar.max is not None:
@@ -258,6 +264,17 @@ def plugstack_line(params: ProvisioningParameters, layout: Layout) -> str:
     # 'required': a plugin that fails to load makes sbatch/srun fail loudly instead of
     # silently dropping --auto-resume.
     return f"required {layout.plugin} {' '.join(args)}\n"
+
+
+def node_roots(params: ProvisioningParameters) -> tuple[str, str]:
+    """The progress root and the checkpoint memory root of every agent.toml."""
+    over = params.agent_overrides
+    progress = over.get("progress_dir", DEFAULT_PROGRESS_ROOT)
+    memory_tier = over.get("memory_tier")
+    memory = DEFAULT_MEMORY_ROOT
+    if isinstance(memory_tier, Mapping):
+        memory = memory_tier.get("root", DEFAULT_MEMORY_ROOT)
+    return str(progress), str(memory)
 
 
 def hyperpod_conf(params: ProvisioningParameters, layout: Layout) -> str:

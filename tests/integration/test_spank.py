@@ -1,13 +1,16 @@
 """The auto_resume SPANK plugin, exercised through the real sbatch, srun and salloc.
 
 The local cluster loads spank_plugin/auto_resume.so with
-``statedir=<dir>/autoresume checkpoint_root=<dir>/checkpoints`` and a job_submit.lua
-that copies AUTO_RESUME from the job-control environment into admin_comment.
-The build tests at the end need only a C compiler and spank.h.
+``statedir=<dir>/autoresume progress_root=<progress root>/%n memory_root=<memory root>/%n
+checkpoint_root=<dir>/checkpoints`` and a job_submit.lua that copies AUTO_RESUME from the
+job-control environment into admin_comment. Jobs whose directories matter run as an
+unprivileged user (tests/integration/hostile.py). The build tests at the end need only a
+C compiler and spank.h.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import stat
@@ -19,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hostile import User, user_env, victim
 
 PLUGIN_SRC = Path(__file__).resolve().parents[2] / "spank_plugin"
 TIMEOUT = 30.0
@@ -293,6 +297,105 @@ def test_job_without_flag_has_no_trace(jobs: Jobs) -> None:
     assert not jobs.marker(job).exists()
 
 
+# --- the job's own directories: made by slurmstepd for the job's user ----------------
+
+NOBODY = 65534
+DIRS_LINE = (
+    "srun sh -c 'echo node=$(hostname) key=${HYPERPOD_CHECKPOINT_JOB_KEY-}; "
+    'for d in "$HYPERPOD_PROGRESS_DIR/$SLURM_JOB_ID" "$HYPERPOD_CHECKPOINT_MEMORY_DIR" '
+    '"$HYPERPOD_CHECKPOINT_DIR"; do stat -c "%n %u %a" "$d"; done\''
+)
+
+
+def _next_job_id(jobs: Jobs) -> int:
+    """The id of the next job: nothing else submits on this cluster meanwhile."""
+    res = run(["sbatch", "--parsable", "--hold", "-N1", "--wrap", "true"], jobs.env)
+    assert res.returncode == 0, res.stderr
+    held = res.stdout.strip().split(";")[0]
+    run(["scancel", held], jobs.env)
+    return int(held) + 1
+
+
+def _sbatch_as(user: User, cluster: Any, jobs: Jobs, *args: str, script: str) -> str:
+    out = jobs.out / user.name
+    out.mkdir(exist_ok=True)
+    shutil.chown(out, user.uid, user.gid)
+    res = user.run(
+        ["sbatch", "--parsable", "-N1", "-o", str(out / "%j.out"), *args, "--wrap", script],
+        user_env(cluster.env, Path("/usr/bin")),
+    )
+    assert res.returncode == 0, res.stderr
+    job = res.stdout.strip().split(";")[0]
+    jobs.ids.append(job)
+    return job
+
+
+def _user_output(jobs: Jobs, user: User, job: str) -> str:
+    assert jobs.wait_done(job) == "COMPLETED", jobs.show(job)
+    return (jobs.out / user.name / f"{job}.out").read_text()
+
+
+def _owner_mode(path: Path) -> tuple[int, int]:
+    st = path.lstat()
+    return st.st_uid, stat.S_IMODE(st.st_mode)
+
+
+@pytest.mark.slurm
+def test_a_job_gets_private_directories_of_its_user_removed_after_it(
+    local_cluster: Any, jobs: Jobs
+) -> None:
+    user = victim()
+    job = _sbatch_as(user, local_cluster, jobs, "--auto-resume=1", script=DIRS_LINE)
+    lines = _user_output(jobs, user, job).splitlines()
+    node = lines[0].split()[0].removeprefix("node=")
+    shape = local_cluster.shape
+    progress = shape.progress_root / node / job
+    memory = shape.memory_root / node / job
+    ckpt = local_cluster.dir / "checkpoints" / job
+    assert lines[1:] == [f"{d} {user.uid} 700" for d in (progress, memory, ckpt)]
+    # the epilog: progress records of a run that is over go, an empty memory tier goes;
+    # the checkpoints are the job's
+    assert not progress.exists() and not memory.exists()
+    assert _owner_mode(ckpt) == (user.uid, 0o700)
+
+
+@pytest.mark.slurm
+def test_a_directory_someone_else_made_first_is_left_alone_and_the_job_runs(
+    local_cluster: Any, jobs: Jobs
+) -> None:
+    user = victim()
+    job = str(_next_job_id(jobs))
+    shape = local_cluster.shape
+    ckpt_root = local_cluster.dir / "checkpoints"
+    squatted = [ckpt_root / job] + [
+        root / node / job
+        for root in (shape.progress_root, shape.memory_root)
+        for node in shape.all_names
+    ]
+    for d in squatted:  # another user, first: the next job's names in the 1777 roots
+        d.mkdir(mode=0o755)
+        os.chown(d, NOBODY, NOBODY)
+    assert _sbatch_as(user, local_cluster, jobs, "--auto-resume=1", script=DIRS_LINE) == job
+    out = _user_output(jobs, user, job)
+    lines = out.splitlines()
+    m = next(filter(None, (re.fullmatch(r"node=(\S+) key=([0-9a-f]{32})", x) for x in lines)))
+    node, key = m.groups()
+    # the checkpoints go to the directory named after the job's key; the rest is off
+    fallback = ckpt_root / f"{job}.{key}"
+    assert f"{fallback} {user.uid} 700" in lines, out
+    notes = plugin_errors(out)
+    for what, path, then in [
+        ("progress directory", shape.progress_root / node / job, "progress records are off"),
+        ("memory tier directory", shape.memory_root / node / job, "memory tier is off"),
+        ("checkpoint directory", ckpt_root / job, f"this job checkpoints to {fallback}"),
+    ]:
+        mine = [n for n in notes if f"couldn't make {what} {path}: belongs to uid {NOBODY}" in n]
+        assert mine and all(then in n for n in mine), out
+    # never adopted, never chowned, never removed
+    assert all(_owner_mode(d) == (NOBODY, 0o755) for d in squatted)
+    assert all(not any(d.iterdir()) for d in squatted)
+
+
 # --- rejection of bad input ---------------------------------------------------------
 
 
@@ -347,6 +450,14 @@ def _conf_with_plugstack(cluster: Any, tmp_path: Path, args: str) -> dict[str, s
         ("bogus=1", "'bogus=1': unknown key"),
         ("statedir", "'statedir': want statedir=VALUE"),
         ("statedir=relative/dir", "'statedir=relative/dir': want an absolute path"),
+        ("checkpoint_root=x", "'checkpoint_root=x': want an absolute path or s3://bucket[/prefix]"),
+        ("progress_root=shm", "'progress_root=shm': want an absolute path"),
+        (
+            "memory_root=/dev/shm/%h",
+            "'memory_root=/dev/shm/%h': want an absolute path (%n, the node's host name, "
+            "is the only substitution)",
+        ),
+        ("progress_root=/a progress_root=/b", "'progress_root=/b': progress_root= given twice"),
         ("checkpoint_root=", "'checkpoint_root=': want an absolute path or s3://bucket[/prefix]"),
         (
             "checkpoint_root=s3://Bad/x",
@@ -405,10 +516,22 @@ def test_max_argument_lowers_the_limit(local_cluster: Any, tmp_path: Path) -> No
 
 def _copy_source(tmp_path: Path) -> Path:
     src = tmp_path / "spank_plugin"
-    src.mkdir()
-    for name in ("auto_resume.c", "exports.map", "Makefile"):
+    (src / "test").mkdir(parents=True)
+    for name in ("auto_resume.c", "jobdirs.c", "jobdirs.h", "exports.map", "Makefile"):
         shutil.copy(PLUGIN_SRC / name, src / name)
+    shutil.copy(PLUGIN_SRC / "test" / "check.c", src / "test" / "check.c")
     return src
+
+
+def test_plugin_checks_pass_under_sanitizers(tmp_path: Path) -> None:
+    # Its parsing and its directories without Slurm, under ASan and UBSan: an argument
+    # is never read past its end (checkpoint_root=x), a directory someone else made is
+    # never used, chowned or removed.
+    src = _copy_source(tmp_path)
+    res = run(["make", "-C", str(src), "check"], {"PATH": "/usr/bin:/bin"}, 300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(r"\d+ checks, 0 failed", res.stdout), res.stdout
+    assert "skipped" not in res.stdout or os.geteuid() != 0
 
 
 def test_build_exports_only_spank_symbols(tmp_path: Path) -> None:
@@ -420,6 +543,8 @@ def test_build_exports_only_spank_symbols(tmp_path: Path) -> None:
     assert {
         "slurm_spank_init",
         "slurm_spank_init_post_opt",
+        "slurm_spank_task_init",
+        "slurm_spank_job_epilog",
         "plugin_name",
         "plugin_type",
         "plugin_version",

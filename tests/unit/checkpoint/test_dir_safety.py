@@ -197,3 +197,40 @@ def test_a_world_writable_checkpoint_root(base: Path) -> None:
     root.chmod(0o777)  # no sticky bit: anyone could rename ours away and put theirs
     with pytest.raises(CheckpointStorageError, match=r"world-writable without the sticky bit"):
         Checkpointer(root / "124", memory_dir=base / "m")
+
+
+def handed_over(path: Path, uid: int) -> Path:
+    """A job's directory as the SPANK plugin makes it: root's mkdir (0700), then given to
+    the job's user."""
+    path.mkdir(mode=0o700)
+    os.chown(path, uid, uid)
+    return path
+
+
+@pytest.mark.parametrize("root_mode", [0o1777, 0o755])
+def test_the_directories_slurmstepd_made_for_the_job_are_its_tiers(
+    base: Path, root_mode: int
+) -> None:
+    # A checkpoint root users may write (sticky), or one only root may (the plugin then
+    # makes every job's directory): both hand the job a private directory of its own.
+    prepare_shared_root(base / "shm")
+    memory = handed_over(base / "shm" / "600", OTHER)
+    root = base / "checkpoints"
+    root.mkdir()
+    root.chmod(root_mode)
+    persistent = handed_over(root / "600", OTHER)
+    out = as_user(OTHER, VICTIM, str(persistent), str(memory))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["memory tier: yes", "saved: ['memory', 'persistent']"]
+    for d in (memory, persistent):
+        assert (os.stat(d).st_uid, mode(d)) == (OTHER, 0o700), "used as made, never reopened"
+    assert layout.scan(persistent)[1].committed
+
+
+def test_a_checkpoint_root_only_root_may_write_needs_the_plugins_directory(base: Path) -> None:
+    root = base / "checkpoints"
+    root.mkdir(mode=0o755)
+    out = as_user(OTHER, VICTIM, str(root / "601"), str(base / "m"))
+    assert out.returncode != 0
+    assert "persistent tier" in out.stderr and "Permission denied" in out.stderr
+    assert list(root.iterdir()) == []

@@ -210,6 +210,39 @@ def test_a_user_records_in_the_root_the_agent_prepared(shared_tmp: Path) -> None
 
 
 @pytest.mark.root
+def test_a_user_records_in_the_private_directory_slurmstepd_made_for_the_job(
+    shared_tmp: Path,
+) -> None:
+    root = shared_tmp / "progress"
+    prepare_shared_root(root)
+    made = root / str(JOB)  # as the SPANK plugin makes it: root's mkdir, then handed over
+    made.mkdir(mode=0o700)
+    os.chown(made, NOBODY, NOBODY)
+    out = run_python(CALLS, rank_env(root), uid=NOBODY)
+    assert out.returncode == 0, out.stderr
+    path = fmt.record_path(root, JOB, RANK)
+    assert out.stdout.splitlines() == [f"path: {path}"]
+    assert read(path).step == 9 and os.stat(path).st_uid == NOBODY
+    st = os.stat(made)  # left as it was made: private, the user's
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (NOBODY, 0o700)
+
+
+@pytest.mark.root
+def test_a_job_directory_never_handed_to_the_user_costs_the_record_not_the_job(
+    shared_tmp: Path,
+) -> None:
+    root = shared_tmp / "progress"
+    prepare_shared_root(root)
+    (root / str(JOB)).mkdir(mode=0o700)  # root's still: slurmstepd could not hand it over
+    out = run_python(CALLS, rank_env(root), uid=NOBODY)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["path: None"]
+    (line,) = out.stderr.splitlines()
+    assert f"{root / str(JOB)}: Permission denied" in line
+    assert list((root / str(JOB)).iterdir()) == []
+
+
+@pytest.mark.root
 def test_a_full_file_system_disables_without_a_crash(job: Path, root: Path) -> None:
     root.mkdir()
     subprocess.run(

@@ -119,7 +119,9 @@ def test_worker_writes_exactly_its_files(
     assert (prefix / "etc/slurm/plugstack.conf").read_text() == (
         f"{BEGIN}\nrequired {prefix}/opt/hyperpod/lib/auto_resume.so "
         f"statedir={prefix}/var/lib/hyperpod/autoresume "
-        f"step_helper={prefix}/opt/hyperpod/venv/bin/hyperpod checkpoint_root=/fsx/ckpt\n{END}\n"
+        f"step_helper={prefix}/opt/hyperpod/venv/bin/hyperpod "
+        "progress_root=/dev/shm/hyperpod-progress memory_root=/dev/shm/hyperpod-ckpt "
+        f"checkpoint_root=/fsx/ckpt\n{END}\n"
     )
     log = (prefix / "var/log/hyperpod/provision.log").read_text()
     assert "provisioning node1 as worker (group gpu)" in log

@@ -126,6 +126,7 @@ def test_plugstack_line_names_the_plugin_explicitly() -> None:
     assert line == (
         "required /p/opt/hyperpod/lib/auto_resume.so "
         "statedir=/p/var/lib/hyperpod/autoresume step_helper=/p/opt/hyperpod/venv/bin/hyperpod "
+        "progress_root=/dev/shm/hyperpod-progress memory_root=/dev/shm/hyperpod-ckpt "
         "max=5 default=2\n"
     )
     assert "*" not in line
