@@ -12,13 +12,15 @@ told once.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from hyperpod_agent.controller import intents, metrics, records
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.crash import crash_from_env
+from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.providers.base import (
     Provider,
     ProviderError,
@@ -28,9 +30,11 @@ from hyperpod_agent.controller.providers.base import (
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.lease import Lease
-from hyperpod_agent.controller.store.rows import ActionRow, EventIn, TrackedJob
+from hyperpod_agent.controller.store.log import MAX_MESSAGE
+from hyperpod_agent.controller.store.rows import ActionRow, EventIn
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.models import Job, Node
+from hyperpod_agent.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +67,8 @@ class Executor:
         # The leader's lease while a pass runs with [ha]: every intent write is fenced
         # with it, so a deposed leader writes none (LeaseLost ends its pass).
         self.fence: Lease | None = None
+        # Each intent and action on its own: one that raises is skipped, not the pass.
+        self.isolation = Isolation(store.add_event, time.time)
 
     # -- the plan -------------------------------------------------------------------
     def execute(
@@ -73,57 +79,72 @@ class Executor:
             self.store.add_event(
                 ev.kind, ev.message, now, node=ev.node, job_id=ev.job_id, cause=ev.cause
             )
-            log.warning("%s", ev.message)
-        ids = []
+            log.warning("%s", printable(ev.message, MAX_MESSAGE))
+        ids: list[int] = []
         promised: set[str] = set()  # spares already given to a replacement in this pass
         for pa in decision.actions:
-            if pa.kind in (Kind.EXHAUST, Kind.NOT_RETRIED):
-                records.job_verdict(self.store, pa, now)
-                continue
-            if pa.kind is Kind.FINDING:
-                records.finding(self.store, pa, now)
-                continue
-            if pa.kind is Kind.CHECK:
-                records.check_run(self.store, pa, self.config.policy.dry_run, now)
-                continue
-            if self._cooling(pa, now):
-                continue
-            if self.config.policy.dry_run:
-                self._event("dry_run", f"dry-run: would {pa.kind.value} {_target(pa)}", pa, now)
-                metrics.ACTIONS.labels(pa.kind.value, "dry_run").inc()
-                continue
-            params = dict(pa.params)
-            if pa.node is not None and pa.node in nodes:
-                # What the node looked like when planned: the intent applies only while
-                # it still does (intents.changed_hands).
-                params.setdefault("seen_reason", nodes[pa.node].reason)
-            kind = pa.kind
-            if kind is Kind.REPLACE:
-                try:
-                    view = {k: v for k, v in nodes.items() if k not in promised}
-                    params.update(self.provider.prepare(str(pa.node), view, params))
-                    if params.get("spare"):
-                        promised.add(str(params["spare"]))
-                except ProviderError as exc:
-                    # No replacement: still take the broken node out, held for repair under
-                    # its replace reason (never auto-resumed), rather than retry every pass.
-                    self._event(
-                        "no_replacement",
-                        f"replace {pa.node}: {exc}; draining it and holding it for repair",
-                        pa,
-                        now,
-                    )
-                    metrics.ACTIONS.labels(kind.value, "failed").inc()
-                    kind = Kind.DRAIN
-            aid = self.store.add_action(
-                kind.value, pa.node, pa.job_id, pa.reason, pa.cause, now, params, fence=self.fence
+            aid = self.isolation.run(
+                "action",
+                f"{pa.kind.value} {intents.target(pa)}",
+                partial(self._execute_one, pa, nodes, promised, now),
+                None,
+                node=pa.node,
+                job_id=pa.job_id,
             )
-            self._crash_hook(f"intent:{kind.value}")
-            row = self.store.action(aid)
-            assert row is not None
-            self._apply(row, now)
-            ids.append(aid)
+            if aid is not None:
+                ids.append(aid)
         return ids
+
+    def _execute_one(
+        self, pa: PlannedAction, nodes: Mapping[str, Node], promised: set[str], now: float
+    ) -> int | None:
+        """One planned action: recorded, or an intent written and applied (its id)."""
+        if pa.kind in (Kind.EXHAUST, Kind.NOT_RETRIED):
+            records.job_verdict(self.store, pa, now)
+            return None
+        if pa.kind is Kind.FINDING:
+            records.finding(self.store, pa, now)
+            return None
+        if pa.kind is Kind.CHECK:
+            records.check_run(self.store, pa, self.config.policy.dry_run, now)
+            return None
+        if self._cooling(pa, now):
+            return None
+        if self.config.policy.dry_run:
+            self._event("dry_run", f"dry-run: would {pa.kind.value} {intents.target(pa)}", pa, now)
+            metrics.ACTIONS.labels(pa.kind.value, "dry_run").inc()
+            return None
+        params = dict(pa.params)
+        if pa.node is not None and pa.node in nodes:
+            # What the node looked like when planned: the intent applies only while
+            # it still does (intents.changed_hands).
+            params.setdefault("seen_reason", nodes[pa.node].reason)
+        kind = pa.kind
+        if kind is Kind.REPLACE:
+            try:
+                view = {k: v for k, v in nodes.items() if k not in promised}
+                params.update(self.provider.prepare(str(pa.node), view, params))
+                if params.get("spare"):
+                    promised.add(str(params["spare"]))
+            except ProviderError as exc:
+                # No replacement: still take the broken node out, held for repair under
+                # its replace reason (never auto-resumed), rather than retry every pass.
+                self._event(
+                    "no_replacement",
+                    f"replace {pa.node}: {exc}; draining it and holding it for repair",
+                    pa,
+                    now,
+                )
+                metrics.ACTIONS.labels(kind.value, "failed").inc()
+                kind = Kind.DRAIN
+        aid = self.store.add_action(
+            kind.value, pa.node, pa.job_id, pa.reason, pa.cause, now, params, fence=self.fence
+        )
+        self._crash_hook(f"intent:{kind.value}")
+        row = self.store.action(aid)
+        assert row is not None
+        self._apply(row, now)
+        return aid
 
     def _update(self, action_id: int, state: str, now: float, **fields: Any) -> None:
         self.store.update_action(action_id, state, now, fence=self.fence, **fields)
@@ -147,21 +168,34 @@ class Executor:
         by_id = {j.job_id: j for j in jobs}
         applied = 0
         for row in self.store.open_actions():
-            if row.state == "applied":
-                applied += self._poll(row, nodes, now)
-            elif row.next_attempt_at <= now:
-                if intents.already_applied(row, nodes, by_id):
-                    self._done(row, now, "found already applied in Slurm")
-                    continue
-                why = intents.too_old(row, now, self.config.policy.intent_max_age_s)
-                if why is not None:
-                    self._abandon(row, why, now)
-                    continue
-                if self.config.policy.dry_run:
-                    continue
-                self._apply(row, now)
-                applied += 1
+            applied += self.isolation.run(
+                "intent",
+                row.id,
+                partial(self._open_one, row, nodes, by_id, now),
+                0,
+                node=row.node,
+                job_id=row.job_id,
+            )
         return applied
+
+    def _open_one(
+        self, row: ActionRow, nodes: Mapping[str, Node], by_id: Mapping[int, Job], now: float
+    ) -> int:
+        if row.state == "applied":
+            return self._poll(row, nodes, now)
+        if row.next_attempt_at > now:
+            return 0
+        if intents.already_applied(row, nodes, by_id):
+            self._done(row, now, "found already applied in Slurm")
+            return 0
+        why = intents.too_old(row, now, self.config.policy.intent_max_age_s)
+        if why is not None:
+            self._abandon(row, why, now)
+            return 0
+        if self.config.policy.dry_run:
+            return 0
+        self._apply(row, now)
+        return 1
 
     def _still_planned(self, row: ActionRow, now: float) -> bool:
         """Re-read the intent's node; abandon the intent if it changed hands."""
@@ -288,7 +322,9 @@ class Executor:
         attempts = row.attempts + 1
         policy = self.config.policy
         if attempts >= policy.max_attempts:
-            message = f"{row.kind} {_row_target(row)} failed after {attempts} attempts: {error}"
+            message = (
+                f"{row.kind} {intents.row_target(row)} failed after {attempts} attempts: {error}"
+            )
             self._update(
                 row.id,
                 "failed",
@@ -308,14 +344,14 @@ class Executor:
         log.warning(
             "%s %s failed (attempt %d, retry in %.0f s): %s",
             row.kind,
-            _row_target(row),
+            intents.row_target(row),
             attempts,
             delay,
             error,
         )
 
     def _abandon(self, row: ActionRow, why: str, now: float) -> None:
-        message = f"{row.kind} {_row_target(row)} abandoned: {why}"
+        message = f"{row.kind} {intents.row_target(row)} abandoned: {why}"
         self._update(
             row.id,
             "abandoned",
@@ -326,32 +362,20 @@ class Executor:
         metrics.ACTIONS.labels(row.kind, "abandoned").inc()
         log.warning("%s", message)
 
-    def _requeued(self, row: ActionRow, now: float) -> TrackedJob:
-        """The job's record once this requeue is done: one more attempt spent."""
-        assert row.job_id is not None
-        cap = int(row.params.get("cap", 0))
-        old = self.store.job(row.job_id) or TrackedJob(row.job_id, cap)
-        return replace(
-            old,
-            cap=cap or old.cap,
-            attempts=old.attempts + 1,
-            last_cause=row.cause,
-            state="requeued",
-            last_requeue_at=now,
-            acted_restart_count=int(row.params.get("restart_count", 0)),
-            updated_at=now,
-        )
-
     def _done(
         self, row: ActionRow, now: float, note: str = "", counts_attempt: bool = False
     ) -> None:
         """Mark ``row`` done with its accounting and event, in one transaction."""
-        job = self._requeued(row, now) if row.kind == Kind.REQUEUE.value else None
+        job = (
+            records.requeued(self.store.job(row.job_id or 0), row, now)
+            if row.kind == Kind.REQUEUE.value
+            else None
+        )
         extra = f" ({note})" if note else ""
         if row.kind == Kind.REQUEUE.value and "attempt" in row.params:
             extra = f" (attempt {row.params['attempt']}/{row.params.get('cap', '?')}){extra}"
         reason = f" reason={row.reason!r}" if row.reason else ""
-        message = f"{row.kind} {_row_target(row)}{reason}: {row.cause}{extra}"
+        message = f"{row.kind} {intents.row_target(row)}{reason}: {row.cause}{extra}"
         self._update(
             row.id,
             "done",
@@ -371,11 +395,3 @@ class Executor:
     def _event(self, kind: str, message: str, pa: PlannedAction, now: float) -> None:
         self.store.add_event(kind, message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
         log.info("%s", message)
-
-
-def _target(pa: PlannedAction) -> str:
-    return f"job {pa.job_id}" if pa.job_id is not None else str(pa.node)
-
-
-def _row_target(row: ActionRow) -> str:
-    return f"job {row.job_id}" if row.job_id is not None else str(row.node)

@@ -8,6 +8,7 @@ A job is opted in when Slurm shows ``--auto-resume=N`` (``Job.auto_resume``, fro
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -25,6 +26,8 @@ from hyperpod_agent.health import Action
 from hyperpod_agent.reasons import Verb, parse_reason
 from hyperpod_agent.slurm.hostlist import expand_hostlist
 from hyperpod_agent.slurm.models import Job
+
+log = logging.getLogger(__name__)
 
 MAX_CAP = 1000  # the SPANK option's upper bound
 
@@ -228,52 +231,31 @@ def plan(
     budget_left = ar.max_requeues_per_minute - snap.requeues_last_minute
     capped: list[int] = []
     for job in sorted(snap.jobs, key=lambda j: j.job_id):
-        cap = cap_of(job, snap, ar.default_attempts)
-        tracked = snap.tracked.get(job.job_id)
-        if cap is None or job.job_id in busy or (tracked and tracked.state == "exhausted"):
-            continue
-        if (
-            tracked
-            and tracked.acted_restart_count is not None
-            and job.restart_count <= tracked.acted_restart_count
-        ):
-            continue  # this failure was already requeued; Slurm has not caught up
-        cause = _cause(job, snap, config, now, urgent_nodes, faults, hung or {})
-        if cause is None:
-            if job.state.upper() == "FAILED" and (tracked is None or tracked.state != "failed"):
-                actions.append(_not_retried(job, cap, config))
-            continue
-        attempts = tracked.attempts if tracked else 0
-        if attempts >= cap:
-            actions.append(
-                PlannedAction(
-                    Kind.EXHAUST,
-                    None,
-                    "",
-                    f"{cause}; retry budget spent ({attempts}/{cap}): the job stays "
-                    f"{job.state.upper()}",
+        try:
+            outcome = _judge(
+                job, snap, config, now, urgent_nodes, faults, planned, hung or {}, busy
+            )
+        except Exception as exc:  # noqa: BLE001 - one odd job never costs the others
+            log.exception("auto-resume: job %s skipped this pass", job.job_id)
+            what = f"{type(exc).__name__}: {exc}"[:300]
+            events.append(
+                PlannedEvent(
+                    "policy_error",
+                    f"auto-resume: job {job.job_id} skipped this pass: {what}",
                     job_id=job.job_id,
-                    params={"cap": cap},
+                    cause=type(exc).__name__,
                 )
             )
             continue
-        if tracked and tracked.last_requeue_at is not None and attempts > 0:
-            wait = min(ar.backoff_max_s, ar.backoff_base_s * 2 ** (attempts - 1))
-            if now < tracked.last_requeue_at + wait:
-                events.append(
-                    PlannedEvent(
-                        "requeue_backoff",
-                        f"job {job.job_id} waits for back-off: requeue attempt "
-                        f"{attempts + 1}/{cap} not before {_when(tracked.last_requeue_at + wait)}",
-                        job_id=job.job_id,
-                        cause=cause,
-                    )
-                )
-                continue
-        short = capacity_shortfall(job, snap, planned)
-        if short is not None:
-            events.append(PlannedEvent("requeue_waiting", short, job_id=job.job_id, cause=cause))
+        if outcome is None:
             continue
+        if isinstance(outcome, PlannedAction):
+            actions.append(outcome)
+            continue
+        if isinstance(outcome, PlannedEvent):
+            events.append(outcome)
+            continue
+        cause, cap, attempts = outcome
         if budget_left <= 0:
             capped.append(job.job_id)
             continue
@@ -302,6 +284,61 @@ def plan(
             )
         )
     return actions, events
+
+
+def _judge(
+    job: Job,
+    snap: Snapshot,
+    config: ControllerConfig,
+    now: float,
+    urgent_nodes: set[str],
+    faults: Mapping[str, Sequence[FaultRow]],
+    planned: Sequence[PlannedAction],
+    hung: Mapping[int, str],
+    busy: set[int],
+) -> PlannedAction | PlannedEvent | tuple[str, int, int] | None:
+    """One job's verdict this pass: nothing, a notice, or a requeue (cause, cap, attempts)
+    that the cluster-wide requeue budget still has to allow."""
+    ar = config.auto_resume
+    cap = cap_of(job, snap, ar.default_attempts)
+    tracked = snap.tracked.get(job.job_id)
+    if cap is None or job.job_id in busy or (tracked and tracked.state == "exhausted"):
+        return None
+    if (
+        tracked
+        and tracked.acted_restart_count is not None
+        and job.restart_count <= tracked.acted_restart_count
+    ):
+        return None  # this failure was already requeued; Slurm has not caught up
+    cause = _cause(job, snap, config, now, urgent_nodes, faults, hung)
+    if cause is None:
+        if job.state.upper() == "FAILED" and (tracked is None or tracked.state != "failed"):
+            return _not_retried(job, cap, config)
+        return None
+    attempts = tracked.attempts if tracked else 0
+    if attempts >= cap:
+        return PlannedAction(
+            Kind.EXHAUST,
+            None,
+            "",
+            f"{cause}; retry budget spent ({attempts}/{cap}): the job stays {job.state.upper()}",
+            job_id=job.job_id,
+            params={"cap": cap},
+        )
+    if tracked and tracked.last_requeue_at is not None and attempts > 0:
+        wait = min(ar.backoff_max_s, ar.backoff_base_s * 2 ** (attempts - 1))
+        if now < tracked.last_requeue_at + wait:
+            return PlannedEvent(
+                "requeue_backoff",
+                f"job {job.job_id} waits for back-off: requeue attempt "
+                f"{attempts + 1}/{cap} not before {_when(tracked.last_requeue_at + wait)}",
+                job_id=job.job_id,
+                cause=cause,
+            )
+    short = capacity_shortfall(job, snap, planned)
+    if short is not None:
+        return PlannedEvent("requeue_waiting", short, job_id=job.job_id, cause=cause)
+    return cause, cap, attempts
 
 
 def _not_retried(job: Job, cap: int, config: ControllerConfig) -> PlannedAction:

@@ -6,7 +6,9 @@ the file, the key and what was expected.
 
 from __future__ import annotations
 
+import os
 import socket
+import stat
 import sys
 import tomllib
 from pathlib import Path
@@ -140,7 +142,9 @@ class ProviderConfig(BaseModel):
 
 class ProgressConfig(BaseModel):
     """``[progress]``: hangs and stragglers from the training ranks' progress records
-    (DESIGN §12). A job is judged only once it has reported ``min_steps`` step times."""
+    (DESIGN §12). A job is judged only once it has reported ``min_steps`` step times.
+    ``hang_factor`` and ``hang_min_s`` are also the floor of a job's own overrides (its
+    records may loosen them, never tighten them)."""
 
     model_config = _FROZEN
 
@@ -149,6 +153,12 @@ class ProgressConfig(BaseModel):
         default=3.0, gt=0, le=1000, description="hang: no rank advanced for factor x p95 step"
     )
     hang_min_s: float = Field(default=5.0, gt=0, description="hang: and for at least this long")
+    max_pause_s: float = Field(
+        default=3600.0,
+        gt=0,
+        le=7 * 86400,
+        description="a paused phase longer than this no longer keeps its job from being judged",
+    )
     min_steps: int = Field(default=10, ge=2, le=1024, description="step times before judging")
     suspect_action: Literal["reboot", "drain", "none"] = Field(
         default="reboot",
@@ -216,7 +226,63 @@ class DeepCheckConfig(BaseModel):
         for path in (self.suite, self.results_dir):
             if path is not None and not path.is_absolute():
                 raise ValueError(f"{path}: must be an absolute path")
+        problem = self.results_dir_problem() if self.suite is not None else None
+        if problem is not None:
+            raise ValueError(f"results_dir: {problem}")
         return self
+
+    def results_dir_problem(self) -> str | None:
+        """Why ``results_dir`` is unsafe, or None. The check job runs as root the
+        ``check.sh`` written there: whoever can write the directory, or any directory
+        above it, or a symlink on the way, has root on every node checked. So each
+        must be owned by root (or this controller's user) and writable by nobody else;
+        a sticky one (``/tmp``) only above a directory that exists. Checked at load and
+        before every run."""
+        trusted = {0, os.geteuid()}
+        chain, current, hops = [Path("/")], Path("/"), 0
+        parts = list(self.results_dir.parts[1:])
+        while parts:
+            name = parts.pop(0)
+            if name in ("", "."):
+                continue
+            if name == "..":
+                current = current.parent
+                continue
+            step = current / name
+            try:
+                st = os.lstat(step)
+            except FileNotFoundError:
+                break  # made at the first run: the last directory that exists decides
+            except OSError as exc:
+                return f"{step}: {exc.strerror}"
+            if stat.S_ISLNK(st.st_mode):
+                hops += 1
+                if st.st_uid not in trusted:
+                    return f"{step} is a symlink owned by uid {st.st_uid}, not root"
+                if hops > 40:
+                    return f"{self.results_dir}: too many levels of symbolic links"
+                target = Path(os.readlink(step))
+                current = Path("/") if target.is_absolute() else current
+                parts[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                return f"{step} is not a directory"
+            current = step
+            chain.append(step)
+        if chain[-1] != current:  # after '..' or a symlink: where the lookup ended
+            chain.append(current)
+        for i, path in enumerate(chain):
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                return f"{path}: {exc.strerror}"
+            if st.st_uid not in trusted:
+                return f"{path} is owned by uid {st.st_uid}, not root"
+            shared = st.st_mode & 0o022
+            # sticky: others cannot replace the next directory, which exists and is ours
+            if shared and (i == len(chain) - 1 or not st.st_mode & stat.S_ISVTX):
+                return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
+        return None
 
 
 class HaConfig(BaseModel):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 
-from hyperpod_agent.controller.snapshot import NODE_KINDS, Kind
+from hyperpod_agent.controller.snapshot import NODE_KINDS, Kind, PlannedAction
 from hyperpod_agent.controller.store.rows import ActionRow
 from hyperpod_agent.reasons import Owner, owner_of
 from hyperpod_agent.slurm.models import Job, Node
@@ -67,3 +67,13 @@ def already_applied(row: ActionRow, nodes: Mapping[str, Node], jobs: Mapping[int
         job = jobs.get(row.job_id or -1)
         return job is None or job.state.upper() != "RUNNING"
     return False  # replace: the provider's replace() is idempotent for the same params
+
+
+def target(pa: PlannedAction) -> str:
+    """What a planned action is about, for messages: the job, or else the node."""
+    return f"job {pa.job_id}" if pa.job_id is not None else str(pa.node)
+
+
+def row_target(row: ActionRow) -> str:
+    """What an intent is about, for messages: the job, or else the node."""
+    return f"job {row.job_id}" if row.job_id is not None else str(row.node)

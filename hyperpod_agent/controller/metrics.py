@@ -41,6 +41,13 @@ PASSES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+PASS_ITEM_ERRORS = Counter(
+    "hyperpod_pass_item_errors_total",
+    "Items (jobs, nodes, intents, check runs, surgeries) a pass skipped because handling "
+    "them raised; the pass went on with the others",
+    ["kind"],
+    registry=REGISTRY,
+)
 LEADER = Gauge(
     "hyperpod_controller_leader",
     "1 while this controller leads (always 1 without [ha]), 0 on a standby",

@@ -50,6 +50,8 @@ log = logging.getLogger(__name__)
 IDLE_STATES = ("IDLE", "DOWN", "FAIL")
 REMEDIATIONS = ("reboot", "replace")
 VERB_RANK = {Verb.DRAIN: 1, Verb.RESET: 2, Verb.REBOOT: 3, Verb.REPLACE: 4, Verb.HOLD: 5}
+# the disk probe's space codes: what users cause by writing, never a lemon's sign
+USER_FILLABLE = frozenset({"fs_full", "fs_inodes_full", "fs_space_low", "fs_inodes_low"})
 
 
 def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float) -> Action:
@@ -143,9 +145,15 @@ class _Ctx:
         return out
 
     def lemon(self, name: str) -> int:
-        """Faults of the node within the lemon window, stragglers it was found to be too."""
+        """Faults of the node within the lemon window, stragglers it was found to be too.
+        A full or filling disk is not counted: any user can fill what they can write,
+        and that says nothing about the hardware."""
         since = self.now - self.policy.lemon_window_s
-        faults = sum(1 for h in self.snap.history if h.node == name and h.first_seen >= since)
+        faults = sum(
+            1
+            for h in self.snap.history
+            if h.node == name and h.first_seen >= since and h.code not in USER_FILLABLE
+        )
         slow = sum(
             1
             for f in self.snap.findings

@@ -10,7 +10,7 @@ from dataclasses import replace
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction
 from hyperpod_agent.controller.store.facade import Store
-from hyperpod_agent.controller.store.rows import EventIn, FindingRow, TrackedJob
+from hyperpod_agent.controller.store.rows import ActionRow, EventIn, FindingRow, TrackedJob
 
 log = logging.getLogger(__name__)
 
@@ -74,3 +74,20 @@ def check_run(store: Store, pa: PlannedAction, dry_run: bool, now: float) -> Non
         EventIn("deep_check_planned", message, pa.node, None, pa.cause),
     )
     log.info("deep check run %d planned: %s", run_id, message)
+
+
+def requeued(old: TrackedJob | None, row: ActionRow, now: float) -> TrackedJob:
+    """The job's record once the requeue ``row`` is done: one more attempt spent."""
+    assert row.job_id is not None
+    cap = int(row.params.get("cap", 0))
+    old = old or TrackedJob(row.job_id, cap)
+    return replace(
+        old,
+        cap=cap or old.cap,
+        attempts=old.attempts + 1,
+        last_cause=row.cause,
+        state="requeued",
+        last_requeue_at=now,
+        acted_restart_count=int(row.params.get("restart_count", 0)),
+        updated_at=now,
+    )

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.deepcheck.run import CheckRunner
 from hyperpod_agent.controller.gather import gather
 from hyperpod_agent.controller.ingest import Heartbeat, Ingest
+from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.jobwatch import JobWatch
 from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.policy import decide
@@ -68,6 +70,9 @@ class Controller(Ingest):
         self.provider = provider
         self.clock = clock
         self.executor = Executor(store, slurm, provider, config)
+        # One bad item (job, intent, check run, surgery) never stops a pass.
+        self.isolation = Isolation(store.add_event, clock)
+        self.executor.isolation = self.isolation
         self.wake = threading.Event()
         self.leadership = leadership
         if leadership is None:
@@ -85,14 +90,22 @@ class Controller(Ingest):
         self._config_mtime = _mtime(config_path)
         self._last_events: set[str] = set()
         self._pruned_at = 0.0
-        self._bad_jobs: set[int] = set()  # said once that they cannot be tracked
         self.watch = JobWatch(store)
         self.checks = CheckRunner(
-            store, slurm, config.deep_checks, (config.slurm_user,), self._escalate
+            store,
+            slurm,
+            config.deep_checks,
+            (config.slurm_user,),
+            self._escalate,
+            isolation=self.isolation,
         )
         # the same test-only hook as the executor's, at "step_retry:<phase>" (done)
         self.steps = StepRetryRunner(
-            store, slurm, config, crash_hook=lambda phase: crash_from_env(f"step_retry:{phase}")
+            store,
+            slurm,
+            config,
+            crash_hook=lambda phase: crash_from_env(f"step_retry:{phase}"),
+            isolation=self.isolation,
         )
         # Held from the snapshot to the executor's last action of a pass, and while a
         # step retry is decided and recorded: the policy never plans against a view
@@ -165,12 +178,9 @@ class Controller(Ingest):
     def _track_jobs(self, snap: Snapshot, now: float) -> None:
         """Remember opted-in jobs (for the API) and close the ones that ended well."""
         for job in snap.jobs:
-            try:
-                self._track_job(job, snap, now)
-            except Exception:  # noqa: BLE001 - one odd job never stops the pass
-                if job.job_id not in self._bad_jobs:
-                    self._bad_jobs.add(job.job_id)
-                    log.exception("job %s: cannot track it; leaving it alone", job.job_id)
+            self.isolation.run(
+                "job", job.job_id, partial(self._track_job, job, snap, now), None, job_id=job.job_id
+            )
 
     def _track_job(self, job: Job, snap: Snapshot, now: float) -> None:
         cap = cap_of(job, snap, self.config.auto_resume.default_attempts)
@@ -261,6 +271,11 @@ class Controller(Ingest):
             if root is not None:
                 self.watch.read_markers(snap, root, self.config.auto_resume.default_attempts, now)
             decision = decide(snap, self.config, now)
+            for ev in decision.events:  # a node or job the policy had to skip
+                if ev.kind == "policy_error":
+                    metrics.PASS_ITEM_ERRORS.labels(
+                        "job" if ev.job_id is not None else "node"
+                    ).inc()
             decision = self._dedupe(decision, now)
             acted = self.executor.execute(decision, nodes, jobs, now)
         if acted:

@@ -6,6 +6,12 @@ filesystem — the write + fsync + unlink of a probe file and ``statvfs`` — ru
 daemon thread per mount with a deadline: a thread stuck on a dead NFS/Lustre/FUSE
 mount sits in the kernel and cannot be killed, so the probe stops waiting, reports
 ``fs_hung`` and never starts a second I/O on that mount while the first is stuck.
+
+Users can fill any mount they can write, so a full one (``fs_full``,
+``fs_inodes_full``) asks for MONITOR by default: reported, never a reason to reboot
+or replace the node (a reboot does not empty a disk, tmpfs aside). The probe file is
+made afresh under a random name (O_EXCL, O_NOFOLLOW): a file or symlink a user put in
+a world-writable mount is never written through.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +49,9 @@ class MountCheck(BaseModel):
     free_fail_pct: float = Field(default=3.0, ge=0, le=100)
     inodes_warn_pct: float = Field(default=10.0, ge=0, le=100)
     inodes_fail_pct: float = Field(default=3.0, ge=0, le=100)
-    full_action: Action = Action.REBOOT
+    # What a full mount asks for. Not a reboot: users fill what they can write, and a
+    # reboot empties only a tmpfs (set REBOOT there if that is the remedy you want).
+    full_action: Action = Action.MONITOR
 
     @field_validator("path")
     @classmethod
@@ -167,10 +176,12 @@ def run_io(path: str, write: bool, probe_file: str) -> IoResult:
     latency = None
     write_errno = None
     if write:
-        target = os.path.join(path, f"{probe_file}.{os.getpid()}")
+        # a fresh file under a name no user can guess: never one they made for us
+        target = os.path.join(path, f"{probe_file}.{os.getpid()}.{secrets.token_hex(8)}")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         start = time.monotonic()
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            fd = os.open(target, flags, 0o600)
             try:
                 os.write(fd, b"hyperpod\n")
                 os.fsync(fd)

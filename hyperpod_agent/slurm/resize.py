@@ -31,7 +31,16 @@ _PENDING = re.compile(r"Pending job allocation (\d+)")
 # what 22.05's scontrol prints when NumNodes=ALL took the helper's nodes
 _ABSORBED_NOISE = "Unexpected message received"
 EXPAND_PREFIX = "hyperpod-expand-"
+# A helper's whole name, ASCII digits only: any user may name a job like ours, and
+# str.isdigit() is true for '²' (which int() refuses). The owner is checked too.
+EXPAND_NAME = re.compile(r"hyperpod-expand-([0-9]{1,10})", re.ASCII)
 ABSORB_WAIT_S = 0.3
+
+
+def expansion_parent(name: str) -> int | None:
+    """The job id a helper allocation named ``name`` expands; None for any other name."""
+    found = EXPAND_NAME.fullmatch(name)
+    return int(found.group(1)) if found else None
 
 
 class ResizeCalls(SlurmCalls):

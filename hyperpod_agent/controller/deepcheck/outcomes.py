@@ -1,8 +1,11 @@
-"""What a deep-check run concluded for each node, and where the node goes next. Pure
-apart from reading the result files the nodes wrote."""
+"""What a deep-check run concluded for each node, and where the node goes next; the
+run's directory under ``results_dir``, made and read without trusting a path. Pure
+apart from that directory."""
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,6 +21,55 @@ from hyperpod_agent.slurm.models import Job, Node
 
 DRAIN_FIRST_REASON = format_reason(Verb.DRAIN, "deep-check", "admin", "drained for a deep check")
 _RESULT_LIMIT = 4 * 1024 * 1024
+SCRIPT = "check.sh"
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _safe_dir(fd: int, path: Path) -> None:
+    """``fd`` is a directory only root (or we) can write; ConfigError otherwise."""
+    st = os.fstat(fd)
+    if st.st_uid not in (0, os.geteuid()) or st.st_mode & 0o022:
+        raise ConfigError(
+            f"deep checks: {path} (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}) "
+            "must be root's and writable by nobody else: the check job runs from it"
+        )
+
+
+def write_script(deep: DeepCheckConfig, name: str, text: str) -> Path:
+    """``<results_dir>/<name>/check.sh`` with ``text``, mode 0755; its path. The check
+    job runs it as root, so nothing here follows a symlink or reuses a file someone
+    else made: ``results_dir`` is checked again (ConfigError), then each level is
+    opened with O_NOFOLLOW and checked through its descriptor, and the script is made
+    afresh with O_EXCL. OSError when the file system refuses."""
+    problem = deep.results_dir_problem()
+    if problem is None:
+        deep.results_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        problem = deep.results_dir_problem()  # again: the parents it made follow the umask
+    if problem is not None:
+        raise ConfigError(f"deep checks: results_dir: {problem}")
+    top = os.open(deep.results_dir, _DIR)
+    try:
+        _safe_dir(top, deep.results_dir)
+        try:
+            os.mkdir(name, 0o755, dir_fd=top)
+        except FileExistsError:
+            pass  # made before a restart: checked like any other below
+        run_fd = os.open(name, _DIR, dir_fd=top)
+    finally:
+        os.close(top)
+    try:
+        _safe_dir(run_fd, deep.results_dir / name)
+        try:
+            os.unlink(SCRIPT, dir_fd=run_fd)
+        except FileNotFoundError:
+            pass
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        with os.fdopen(os.open(SCRIPT, flags, 0o755, dir_fd=run_fd), "wb") as fh:
+            fh.write(text.encode("utf-8"))
+            os.fchmod(fh.fileno(), 0o755)
+    finally:
+        os.close(run_fd)
+    return deep.results_dir / name / SCRIPT
 
 
 def hold_reason(outcome: NodeOutcome) -> str:
@@ -61,7 +113,10 @@ def judge_node(
     path = results_dir / run.reservation / f"{node}.json"
     state = job.state if job is not None else "gone"
     try:
-        with path.open("rb") as fh:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                raise ValueError("not a regular file")
             raw = fh.read(_RESULT_LIMIT + 1)
         if len(raw) > _RESULT_LIMIT:
             raise ValueError(f"larger than {_RESULT_LIMIT} bytes")

@@ -10,8 +10,10 @@ step is safe to repeat, so a controller killed anywhere finishes the run after r
   run recorded (else somebody else decided since: the run ends, nothing touched).
   Inside the reservation no user job can start on them.
 - ``submit``: one batch job of the same name, one task per node running the
-  suite (``python -m hyperpod_agent.deepcheck run --out DIR``); found by name if the
-  controller died between ``sbatch`` and writing the job id.
+  suite (``python -m hyperpod_agent.deepcheck run --out DIR``); found by name and
+  owner (this controller's uid) if the controller died between ``sbatch`` and writing
+  the job id. Run names are public (``GET /v1/checks``): a job of the same name that
+  another user submitted is never adopted, nor cancelled.
 - ``running``: until the job ends, or is cancelled at the run's deadline.
 - ``restore``: every node gets its outcome's place (spare pool, service, or held with
   ``hyperpod:hold deep-check <check> <cause>``), then the reservation is deleted.
@@ -23,8 +25,11 @@ import logging
 import math
 import os
 import pwd
+import re
 import shlex
+import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 
 from hyperpod_agent.controller import metrics
@@ -35,13 +40,16 @@ from hyperpod_agent.controller.deepcheck.outcomes import (
     suite_limit_s,
     target_of,
     timed_out,
+    write_script,
 )
+from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.providers.base import SlurmApi
 from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.errors import ConfigError, SlurmError
 from hyperpod_agent.reasons import Verb, format_reason
+from hyperpod_agent.slurm.maint import Reservation
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,8 @@ _CANCEL_GRACE_S = 60.0
 # phases a run may enter and go through in the same pass (see CheckRunner._steps)
 CHAINED = ("reserve", "resume", "submit")
 RUN_PREFIX = "hyperpod-check-"  # CheckRun.reservation
+# the whole of a run's name, ASCII digits only (CheckRun.reservation)
+RUN_NAME = re.compile(r"hyperpod-check-[0-9]{1,12}-[0-9]{1,12}", re.ASCII)
 SWEEP_EVERY_S = 600.0
 
 # (node, the check it failed, cause) -> the controller replaces a node that failed re-entry
@@ -70,12 +80,26 @@ class CheckRunner:
         deep: DeepCheckConfig,
         slurm_users: Sequence[str],
         escalate: Escalate | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self.store, self.slurm, self.deep = store, slurm, deep
         self.slurm_users = tuple(slurm_users)
         self.escalate = escalate
-        self.user = pwd.getpwuid(os.getuid()).pw_name
+        self.uid = os.getuid()  # Slurm records it as the owner of the jobs we submit
+        self.user = pwd.getpwuid(self.uid).pw_name
         self._swept_at = float("-inf")
+        # One run or orphan that raises is skipped, never the pass (the service
+        # passes its own, which records events and quarantines).
+        self.isolation = isolation or Isolation(_no_event, time.time)
+
+    def ours(self, job: Job, run_name: str, nodes: Sequence[str] | None = None) -> bool:
+        """``job`` is the check job of run ``run_name``: that name, submitted by this
+        controller's user and, when ``nodes`` are given, on none but those (a job
+        inside the run's reservation can run nowhere else; Job does not carry its
+        reservation)."""
+        if job.name != run_name or job.uid is None or job.uid != self.uid:
+            return False
+        return nodes is None or set(job.nodes) <= set(nodes)
 
     def advance(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
         """One step of every open run; how many changed Slurm."""
@@ -86,20 +110,34 @@ class CheckRunner:
         owned = {r.reservation for r in runs}
         by_id = {j.job_id: j for j in jobs}
         for run in runs:
-            try:
-                changed += self._steps(run, nodes, by_id, now)
-            except SlurmError as exc:
-                # Retried next pass; a run that cannot get its Slurm step done is ended
-                # at its deadline (running) or by a later failure.
-                log.warning("deep check run %d (%s): %s (retrying)", run.id, run.phase, exc)
+            changed += self.isolation.run(
+                "check_run",
+                run.id,
+                partial(self._one_run, run, nodes, by_id, now),
+                0,
+                node=run.nodes[0] if len(run.nodes) == 1 else None,
+            )
+        self.isolation.forget_missing("check_run", {str(r.id) for r in runs})
         if now - self._swept_at >= SWEEP_EVERY_S:
+            self._swept_at = now  # a failure below asks for the next pass again
             try:
                 changed += self.sweep(owned, nodes, jobs, now)
-                self._swept_at = now
             except SlurmError as exc:
+                self._swept_at = float("-inf")
                 log.warning("deep checks: looking for left-over reservations: %s", exc)
         metrics.DEEP_CHECKS_RUNNING.set(len(self.store.open_check_runs()))
         return changed
+
+    def _one_run(
+        self, run: CheckRun, nodes: Mapping[str, Node], jobs: Mapping[int, Job], now: float
+    ) -> int:
+        try:
+            return self._steps(run, nodes, jobs, now)
+        except SlurmError as exc:
+            # Retried next pass; a run that cannot get its Slurm step done is ended
+            # at its deadline (running) or by a later failure.
+            log.warning("deep check run %d (%s): %s (retrying)", run.id, run.phase, exc)
+            return 0
 
     def sweep(
         self, owned: set[str], nodes: Mapping[str, Node], jobs: Sequence[Job], now: float
@@ -107,27 +145,51 @@ class CheckRunner:
         """Remove check reservations no open run owns (a state database restored or
         started afresh under a run). Their nodes were resumed by that run and what
         they were before is lost: a node in service inside one is held, never put
-        into service blind. ``owned``: the reservations of the open runs."""
+        into service blind. ``owned``: the reservations of the open runs. Only ours:
+        a run's whole name, made for this controller's user."""
         changed = 0
-        for resv in self.slurm.reservations():
-            if not resv.name.startswith(RUN_PREFIX) or resv.name in owned:
+        reservations = self.slurm.reservations()
+        for resv in reservations:
+            if not RUN_NAME.fullmatch(resv.name) or resv.name in owned:
                 continue
+            if self.user not in resv.users:
+                continue
+            changed += self.isolation.run(
+                "orphan",
+                f"reservation {resv.name}",
+                partial(self._remove_orphan, resv, nodes, jobs, now),
+                0,
+            )
+        # forget what left Slurm meanwhile (any runner's orphans: the same universe)
+        live = {f"job {j.job_id}" for j in jobs if j.state.upper() not in ENDED}
+        self.isolation.forget_missing(
+            "orphan", live | {f"reservation {r.name}" for r in reservations}
+        )
+        return changed
+
+    def _remove_orphan(
+        self, resv: Reservation, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float
+    ) -> int:
+        why = f"left-over reservation {resv.name} removed; its state before is unknown"
+        held = []
+        try:
             for job in jobs:
-                if job.name == resv.name and job.state.upper() not in ENDED:
+                if self.ours(job, resv.name) and job.state.upper() not in ENDED:
                     self.slurm.cancel(job.job_id)
-            why = f"left-over reservation {resv.name} removed; its state before is unknown"
-            held = []
             for name in resv.nodes:
                 node = nodes.get(name)
                 if node is not None and not node.drained and not node.reason:
                     self.slurm.drain(name, format_reason(Verb.HOLD, "deep-check", "orphan", why))
                     held.append(name)
             self.slurm.delete_reservation(resv.name)
-            message = f"deep checks: {why}" + (f"; held {', '.join(held)}" if held else "")
-            self.store.add_event("deep_check_orphan", message, now, cause="no run owns it")
-            log.warning("%s", message)
-            changed += 1
-        return changed
+        except SlurmError as exc:
+            self._swept_at = float("-inf")  # the next pass tries again
+            log.warning("deep checks: left-over reservation %s: %s (retrying)", resv.name, exc)
+            return 0
+        message = f"deep checks: {why}" + (f"; held {', '.join(held)}" if held else "")
+        self.store.add_event("deep_check_orphan", message, now, cause="no run owns it")
+        log.warning("%s", message)
+        return 1
 
     def _steps(
         self, run: CheckRun, nodes: Mapping[str, Node], jobs: Mapping[int, Job], now: float
@@ -226,7 +288,7 @@ class CheckRunner:
         self.store.set_check_phase(run.id, "submit", now)
         return changed
 
-    def _script(self, run: CheckRun, out: Path) -> Path:
+    def _script(self, run: CheckRun, out: Path) -> str:
         assert self.deep.suite is not None
         argv = [
             *self.deep.command, "run", "--suite", str(self.deep.suite),
@@ -236,23 +298,19 @@ class CheckRunner:
         lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.deep.env.items())]
         srun = ["srun", f"--nodes={len(run.nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
         lines.append("exec " + shlex.join(srun + argv))
-        script = out / "check.sh"
-        script.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        script.chmod(0o755)
-        return script
+        return "\n".join(lines) + "\n"
 
     def _submit(self, run: CheckRun, jobs: Mapping[int, Job], now: float) -> int:
         name = run.reservation
-        found = [j for j in jobs.values() if j.name == name]
+        found = [j for j in jobs.values() if self.ours(j, name, run.nodes)]
         limit = suite_limit_s(self.deep, run.level)
         if found:
             job_id = min(j.job_id for j in found)  # submitted before a restart
         else:
             out = self.deep.results_dir / name
             try:
-                out.mkdir(parents=True, exist_ok=True)
-                script = self._script(run, out)
-            except OSError as exc:
+                script = write_script(self.deep, name, self._script(run, out))
+            except (OSError, ConfigError) as exc:
                 return self._fail(run, f"cannot write the check job: {exc}", now)
             try:
                 job_id = self.slurm.submit_batch(
@@ -387,3 +445,7 @@ class CheckRunner:
         return EventIn(
             f"deep_check_{o.outcome.lower()}", message, o.node, None, f"deep check {run.purpose}"
         )
+
+
+def _no_event(*_args: object, **_kwargs: object) -> None:
+    """Events of a runner without the service's isolation: logged and counted only."""

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import IO, Any
 
 from hyperpod_agent.controller.providers.base import (
     Handle,
@@ -40,6 +41,33 @@ def came_back(node: Node | None, since: float) -> bool:
     return bool(started) and max(started) > since
 
 
+class _Tail:
+    """Reads a pipe to its end in a thread, keeping its last ``limit`` bytes: a command
+    that writes more than the pipe holds (64 KiB) never blocks on us."""
+
+    def __init__(self, pipe: IO[bytes], limit: int = OUTPUT_TAIL) -> None:
+        self._pipe, self._limit = pipe, limit
+        self._kept = bytearray()
+        self._thread = threading.Thread(target=self._read, name="command-stderr", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for chunk in iter(lambda: os.read(self._pipe.fileno(), 65536), b""):
+                self._kept += chunk
+                del self._kept[: max(0, len(self._kept) - self._limit)]
+        except OSError as exc:  # the tail is only for the error message
+            log.info("replacement command: reading its stderr: %s", exc)
+        finally:
+            self._pipe.close()
+
+    def text(self, wait_s: float = 1.0) -> str:
+        """What was kept; waits ``wait_s`` at most for the writer's end (a child the
+        command left behind may hold the pipe open)."""
+        self._thread.join(wait_s)
+        return bytes(self._kept).decode("utf-8", "replace")
+
+
 def run_bounded(
     argv: list[str], env: Mapping[str, str], timeout_s: float, keepalive: Callable[[], None] | None
 ) -> tuple[int, str]:
@@ -56,6 +84,8 @@ def run_bounded(
         )
     except OSError as exc:
         raise ProviderError(f"{' '.join(argv)}: {exc.strerror or exc}") from exc
+    assert proc.stderr is not None
+    tail = _Tail(proc.stderr)
     deadline = time.monotonic() + timeout_s
     try:
         while True:
@@ -71,16 +101,12 @@ def run_bounded(
                     ) from None
                 if keepalive is not None:
                     keepalive()
-        assert proc.stderr is not None
-        err = proc.stderr.read()[-OUTPUT_TAIL:].decode("utf-8", "replace")
+        err = tail.text()
     except BaseException:
         if proc.poll() is None:  # never leave it running behind us
             os.killpg(proc.pid, 9)
             proc.wait(timeout=10)
         raise
-    finally:
-        if proc.stderr is not None:
-            proc.stderr.close()
     return proc.returncode, err
 
 

@@ -11,8 +11,8 @@ rolls it back after restart:
 - ``shrink``: the job keeps its other nodes (``scontrol update jobid=J NodeList=...``).
 - ``expand``: the spare leaves the pool (resumed, as the replace path does) and a helper
   allocation ``hyperpod-expand-J`` is made on it. A controller that died while ``salloc``
-  waited finds the helper by name: a running one is adopted, a pending one cancelled
-  and asked for again.
+  waited finds the helper by name and owner (its own uid): a running one is adopted, a
+  pending one cancelled and asked for again.
 - ``absorb``: the helper's node is merged into the job; the job read back must hold it.
 - ``done``: RETRYSTEP with the job's new node list; the helper, now without nodes, is
   cancelled and the bad node recorded as replaced by the spare.
@@ -31,18 +31,21 @@ import os
 import pwd
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.providers.base import SlurmApi
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.controller.store.steps import StepRetry
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.reasons import SPARE, Owner, owner_of
+from hyperpod_agent.slurm.maint import Reservation
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
-from hyperpod_agent.slurm.resize import EXPAND_PREFIX
+from hyperpod_agent.slurm.resize import expansion_parent
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +66,12 @@ class SurgeryFailed(Exception):
 
 
 class StepRetryRunner:
-    """Takes every open surgery as far as it goes in one pass (the step waits on it)."""
+    """Takes every open surgery as far as it goes in one pass (the step waits on it).
+
+    A helper allocation or spare reservation is ours only when its whole name is one
+    we make (``hyperpod-expand-<digits>``) and, for a job, Slurm records this
+    controller's uid as its owner: any user may name a job like ours, and such a job
+    is never adopted nor cancelled."""
 
     def __init__(
         self,
@@ -73,6 +81,7 @@ class StepRetryRunner:
         crash_hook: Callable[[str], None] | None = None,
         timer: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        isolation: Isolation | None = None,
     ) -> None:
         self.store, self.slurm, self.config = store, slurm, config
         # Test-only: called after each Slurm step, before its phase is written.
@@ -80,6 +89,14 @@ class StepRetryRunner:
         self._timer = timer
         self._sleep = sleep
         self._swept_at = float("-inf")  # reservations: at the first pass, then rarely
+        # One surgery or orphan that raises is skipped, never the pass (the service
+        # passes its own, which records events and quarantines).
+        self.isolation = isolation or Isolation(_no_event, time.time)
+        self.uid = os.getuid()  # what Slurm records as the owner of the jobs we make
+
+    def ours(self, job: Job) -> bool:
+        """A job this controller made (its uid as Slurm records it)."""
+        return job.uid is not None and job.uid == self.uid
 
     def advance(self, now: float, jobs: Sequence[Job] | None = None) -> int:
         """The helper allocations and reservations nobody owns are removed, then every
@@ -92,52 +109,92 @@ class StepRetryRunner:
         except SlurmError as exc:
             log.warning("step retry: looking for left-over helper allocations: %s", exc)
         for run in runs:
-            try:
-                changed += 1 if self._surgery(run, now) else 0
-            except SlurmError as exc:
-                # Reading Slurm failed, or a rollback step did: the next pass goes on
-                # from the phase the store has.
-                log.warning("step retry %d (%s): %s (retrying)", run.id, run.phase, exc)
+            changed += self.isolation.run(
+                "surgery",
+                run.id,
+                partial(self._one_surgery, run, now),
+                0,
+                node=run.bad_node,
+                job_id=run.job_id,
+            )
+        self.isolation.forget_missing("surgery", {str(r.id) for r in runs})
         return changed
+
+    def _one_surgery(self, run: StepRetry, now: float) -> int:
+        try:
+            return 1 if self._surgery(run, now) else 0
+        except SlurmError as exc:
+            # Reading Slurm failed, or a rollback step did: the next pass goes on
+            # from the phase the store has.
+            log.warning("step retry %d (%s): %s (retrying)", run.id, run.phase, exc)
+            return 0
 
     def cancel_orphans(
         self, now: float, jobs: Sequence[Job] | None = None, owned: set[int] | None = None
     ) -> int:
-        """Cancel helper allocations (``hyperpod-expand-J``) no open surgery owns: left by
-        a surgery that ended, or whose job ended; and, every SWEEP_EVERY_S, delete the
-        spare reservations of the same name no open surgery owns."""
+        """Cancel our helper allocations (``hyperpod-expand-J``) no open surgery owns:
+        left by a surgery that ended, or whose job ended; and, every SWEEP_EVERY_S,
+        delete the spare reservations of the same name no open surgery owns."""
         if owned is None:
             owned = {r.job_id for r in self.store.open_step_retries()}
         by_id = {j.job_id: j for j in (self.slurm.list_jobs() if jobs is None else jobs)}
         cancelled = 0
         for job in by_id.values():
-            if not job.name.startswith(EXPAND_PREFIX) or job.state.upper() in ENDED:
+            parent_id = expansion_parent(job.name)
+            if parent_id is None or not self.ours(job) or job.state.upper() in ENDED:
                 continue
-            parent_id = job.name[len(EXPAND_PREFIX) :]
-            parent = by_id.get(int(parent_id)) if parent_id.isdigit() else None
+            parent = by_id.get(parent_id)
             if parent is not None and parent.job_id in owned and parent.state == "RUNNING":
                 continue
-            self.slurm.cancel(job.job_id)
-            why = "its job ended" if parent is None or parent.state != "RUNNING" else "no surgery"
-            message = f"step retry: helper allocation {job.job_id} ({job.name}) cancelled: {why}"
-            self.store.add_event("step_retry_orphan", message, now, cause=why)
-            log.warning("%s", message)
-            cancelled += 1
+            cancelled += self.isolation.run(
+                "orphan",
+                f"job {job.job_id}",
+                partial(self._cancel_helper, job, parent, now),
+                0,
+                job_id=job.job_id,
+            )
         if now - self._swept_at < SWEEP_EVERY_S:
             return cancelled
         self._swept_at = now
-        for resv in self.slurm.reservations():
-            parent_id = resv.name[len(EXPAND_PREFIX) :]
-            if not resv.name.startswith(EXPAND_PREFIX) or (
-                parent_id.isdigit() and int(parent_id) in owned
-            ):
+        reservations = self.slurm.reservations()
+        for resv in reservations:
+            parent_id = expansion_parent(resv.name)
+            if parent_id is None or parent_id in owned or _me() not in resv.users:
                 continue
-            if self.slurm.delete_reservation(resv.name):
-                message = f"step retry: reservation {resv.name} deleted: no surgery owns it"
-                self.store.add_event("step_retry_orphan", message, now, cause="no surgery")
-                log.warning("%s", message)
-                cancelled += 1
+            cancelled += self.isolation.run(
+                "orphan", f"reservation {resv.name}", partial(self._delete, resv, now), 0
+            )
+        # forget what left Slurm meanwhile (any runner's orphans: the same universe)
+        live = {f"job {j.job_id}" for j in by_id.values() if j.state.upper() not in ENDED}
+        self.isolation.forget_missing(
+            "orphan", live | {f"reservation {r.name}" for r in reservations}
+        )
         return cancelled
+
+    def _cancel_helper(self, job: Job, parent: Job | None, now: float) -> int:
+        try:
+            self.slurm.cancel(job.job_id)
+        except SlurmError as exc:
+            log.warning("step retry: helper allocation %d: %s (retrying)", job.job_id, exc)
+            return 0
+        why = "its job ended" if parent is None or parent.state != "RUNNING" else "no surgery"
+        message = f"step retry: helper allocation {job.job_id} ({job.name}) cancelled: {why}"
+        self.store.add_event("step_retry_orphan", message, now, cause=why)
+        log.warning("%s", message)
+        return 1
+
+    def _delete(self, resv: Reservation, now: float) -> int:
+        try:
+            if not self.slurm.delete_reservation(resv.name):
+                return 0
+        except SlurmError as exc:
+            log.warning("step retry: reservation %s: %s (retrying)", resv.name, exc)
+            self._swept_at = float("-inf")
+            return 0
+        message = f"step retry: reservation {resv.name} deleted: no surgery owns it"
+        self.store.add_event("step_retry_orphan", message, now, cause="no surgery")
+        log.warning("%s", message)
+        return 1
 
     # -- the phases -----------------------------------------------------------------
     def _surgery(self, run: StepRetry, now: float) -> int:
@@ -192,9 +249,7 @@ class StepRetryRunner:
         self.slurm.drain(run.bad_node, run.reason)
 
     def _expand(self, run: StepRetry, nodes: dict[str, Node], jobs: dict[int, Job]) -> int:
-        helpers = [
-            j for j in jobs.values() if j.name == run.helper_name and j.state.upper() not in ENDED
-        ]
+        helpers = [j for j in jobs.values() if self._helper_of(run, j)]
         for helper in helpers:
             if helper.state.upper() == "RUNNING" and helper.nodes == (run.spare,):
                 return helper.job_id  # made before a restart
@@ -221,6 +276,14 @@ class StepRetryRunner:
             )
         reservation = run.helper_name if held else None
         return self.slurm.allocate_expansion(run.job_id, run.spare, wait, reservation)
+
+    def _helper_of(self, run: StepRetry, job: Job) -> bool:
+        """``job`` is a live helper allocation we made for ``run``."""
+        return (
+            expansion_parent(job.name) == run.job_id
+            and self.ours(job)
+            and job.state.upper() not in ENDED
+        )
 
     def _until_responding(self, name: str) -> None:
         """Slurm flags a node it has just resumed NOT_RESPONDING until its next ping. An
@@ -325,7 +388,7 @@ class StepRetryRunner:
         """Undo what is safe to undo; requeue the job. Each step repeatable."""
         jobs = {j.job_id: j for j in self.slurm.list_jobs()}
         for j in jobs.values():
-            if j.name == run.helper_name and j.state.upper() not in ENDED:
+            if self._helper_of(run, j):
                 self.slurm.cancel(j.job_id)
         self._unreserve(run)
         job = jobs.get(run.job_id)
@@ -368,6 +431,10 @@ class StepRetryRunner:
     def _event(self, kind: str, run: StepRetry, what: str) -> EventIn:
         message = f"step retry {run.id} of job {run.job_id} step {run.step_id}: {what}"
         return EventIn(kind, message, run.bad_node, run.job_id, "step retry")
+
+
+def _no_event(*_args: object, **_kwargs: object) -> None:
+    """Events of a runner without the service's isolation: logged and counted only."""
 
 
 def _me() -> str:

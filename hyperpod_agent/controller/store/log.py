@@ -13,6 +13,11 @@ from typing import Any
 from hyperpod_agent.controller.store.dialect import Tx
 from hyperpod_agent.controller.store.lease import Lease, LeaseLog
 from hyperpod_agent.controller.store.rows import ActionRow, EventIn, EventRow, TrackedJob
+from hyperpod_agent.text import printable
+
+# An event is read by people: a message longer than this is cut (a job name can be 10 kB).
+MAX_MESSAGE = 2000
+MAX_CAUSE = 500
 
 _JOB_COLUMNS = [c.strip() for c in TrackedJob.COLUMNS.split(",")]
 # An upsert both databases take (SQLite's INSERT OR REPLACE is not PostgreSQL).
@@ -229,7 +234,15 @@ class ActionLog(LeaseLog):
         cur = db.execute(
             "INSERT INTO events (at, kind, node, job_id, cause, message) VALUES (?,?,?,?,?,?) "
             "RETURNING id",
-            (now, ev.kind, ev.node, ev.job_id, ev.cause, ev.message),
+            # what users wrote (job names, reasons) reaches events: printable and bounded
+            (
+                now,
+                ev.kind,
+                ev.node,
+                ev.job_id,
+                printable(ev.cause, MAX_CAUSE),
+                printable(ev.message, MAX_MESSAGE),
+            ),
         )
         return int(cur.fetchone()[0])
 

@@ -3,6 +3,7 @@ with a stable action id, and keeps the service watchdog fed while it runs."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,11 @@ from ctl_helpers import NOW, FakeSlurm, cluster, config
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.cli import check_watchdog
 from hyperpod_agent.controller.providers.base import ProviderError
-from hyperpod_agent.controller.providers.command import CommandProvider, run_bounded
+from hyperpod_agent.controller.providers.command import (
+    OUTPUT_TAIL,
+    CommandProvider,
+    run_bounded,
+)
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.errors import ConfigError
@@ -19,8 +24,9 @@ from hyperpod_agent.errors import ConfigError
 REASON = "hyperpod:replace gpu0 xid54 x"
 
 
-class Stop(Exception):
-    """The controller killed while the command runs."""
+class Stop(BaseException):
+    """The controller killed while the command runs (SIGTERM's SystemExit: nothing of
+    the pass, its per-item isolation included, catches it)."""
 
 
 def script(tmp: Path, body: str) -> Path:
@@ -107,3 +113,28 @@ def test_a_command_timeout_at_or_above_the_watchdog_is_refused(
             check_watchdog(cfg, {"WATCHDOG_USEC": watchdog})
     else:
         check_watchdog(cfg, {"WATCHDOG_USEC": watchdog})
+
+
+def test_a_command_that_writes_a_mib_of_stderr_is_not_blocked(tmp_path: Path) -> None:
+    # a pipe holds 64 KiB: a stderr read only at exit blocked the command until the
+    # time limit, and the replacement failed as "timed out"
+    exe = script(tmp_path, "head -c 1048576 /dev/zero | tr '\\0' 'x' >&2\necho last words >&2\n")
+    started = time.monotonic()
+    code, err = run_bounded([str(exe), "node1"], {}, 20, None)
+    assert code == 0 and time.monotonic() - started < 10
+    assert err.endswith("last words\n") and len(err) <= OUTPUT_TAIL
+
+
+def test_the_tail_of_stderr_names_the_failure(tmp_path: Path) -> None:
+    exe = script(tmp_path, "seq 1 100000 >&2\necho 'cloud API: quota exceeded' >&2\nexit 3\n")
+    slurm = FakeSlurm(cluster(4))
+    provider = CommandProvider(slurm, [str(exe)], 20)
+    with pytest.raises(ProviderError, match="exit 3: cloud API: quota exceeded"):
+        provider.replace("node3", REASON, {"action_id": 1}, NOW)
+
+
+def test_a_child_left_holding_stderr_does_not_hold_the_controller(tmp_path: Path) -> None:
+    exe = script(tmp_path, "sleep 8 >&2 &\necho started >&2\n")
+    started = time.monotonic()
+    code, err = run_bounded([str(exe), "node1"], {}, 20, None)
+    assert code == 0 and time.monotonic() - started < 5

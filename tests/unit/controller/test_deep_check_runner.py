@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ctl_helpers import NOW, FakeSlurm, cluster, node
+from ctl_helpers import NOW, cluster, node
+from test_orphans import ME, OwnedSlurm
 
 from hyperpod_agent.controller.config import DeepCheckConfig
 from hyperpod_agent.controller.deepcheck.outcomes import DRAIN_FIRST_REASON
@@ -45,11 +46,11 @@ class World:
         nodes = cluster(3)
         nodes["node4"] = node("node4", flags=("DRAIN",), reason=SPARE)
         nodes["node5"] = node("node5", flags=("DRAIN",), reason=REBOOTED)
-        self.slurm = FakeSlurm(nodes)
+        self.slurm = OwnedSlurm(nodes)
         self.escalated: list[tuple[str, str, str]] = []
         self.runner = CheckRunner(
             self.store,
-            self.slurm,  # type: ignore[arg-type]
+            self.slurm,
             self.deep,
             ("root",),
             lambda *a: self.escalated.append(a),
@@ -262,7 +263,9 @@ def test_left_over_reservations_are_removed_and_their_nodes_held(world: World) -
     orphan = Reservation("hyperpod-check-9-123", ("node1", "node4"), maint, ("root",), "ACTIVE")
     theirs = Reservation("site-maintenance", ("node2",), maint, ("root",), "ACTIVE")
     world.slurm.resv = {r.name: r for r in (orphan, theirs)}
-    world.slurm.jobs[50] = Job(job_id=50, name=orphan.name, state="RUNNING", nodes=("node1",))
+    world.slurm.jobs[50] = Job(
+        job_id=50, name=orphan.name, state="RUNNING", nodes=("node1",), uid=ME
+    )
     rid = world.plan(["node3"], "admin")
     world.step()  # the run's own reservation is made in this pass too
     owned = world.run(rid).reservation

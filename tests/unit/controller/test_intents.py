@@ -15,7 +15,7 @@ from hyperpod_agent.controller.store.facade import Store
 OURS = "hyperpod:reset gpu0 xid46 boom"
 
 
-class Crash(Exception):
+class Crash(BaseException):  # a real crash is os._exit: nothing catches it
     """The process dying at a given point of an action."""
 
 

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 from ctl_helpers import NOW, FakeSlurm, cluster, config, node
+from test_orphans import ME, OwnedSlurm
 
 from hyperpod_agent.controller.actions import Executor
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
@@ -26,8 +27,8 @@ PLAN = {
 }
 
 
-class Crash(Exception):
-    """The controller dies here."""
+class Crash(BaseException):
+    """The controller dies here (as os._exit would: nothing of the pass catches it)."""
 
 
 def fake() -> FakeSlurm:
@@ -36,7 +37,7 @@ def fake() -> FakeSlurm:
         nodes[n] = replace(nodes[n], state="ALLOCATED")
     nodes["node5"] = node("node5", flags=("DRAIN",), reason="hyperpod:spare")
     job = Job(job_id=12, name="train", state="RUNNING", nodes=("node1", "node2", "node3"))
-    return FakeSlurm(nodes, [job])
+    return OwnedSlurm(nodes, [job])
 
 
 def start(store: Store, attempt: int = 1) -> int:
@@ -137,7 +138,7 @@ def test_a_helper_left_pending_by_a_dead_salloc_is_cancelled_and_asked_again(
     with pytest.raises(Crash):
         runner(store, slurm, crash_at="shrink").advance(NOW + 1)
     slurm.resume("node5")
-    slurm.jobs[40] = Job(job_id=40, name="hyperpod-expand-12", state="PENDING")
+    slurm.jobs[40] = Job(job_id=40, name="hyperpod-expand-12", state="PENDING", uid=ME)
     runner(store, slurm).advance(NOW + 2)
     assert slurm.jobs[40].state == "CANCELLED"
     assert (run_of(store, run_id).outcome, live_helpers(slurm)) == ("RETRYSTEP", [])
@@ -234,8 +235,10 @@ def test_a_rollback_step_that_fails_is_done_again_next_pass(store: Store) -> Non
 def test_helpers_nobody_owns_are_cancelled(store: Store) -> None:
     slurm = fake()
     slurm.jobs[12] = replace(slurm.jobs[12], state="COMPLETED")
-    slurm.jobs[40] = Job(job_id=40, name="hyperpod-expand-12", state="RUNNING", nodes=("node5",))
-    slurm.jobs[41] = Job(job_id=41, name="hyperpod-expand-99", state="PENDING")
+    slurm.jobs[40] = Job(
+        job_id=40, name="hyperpod-expand-12", state="RUNNING", nodes=("node5",), uid=ME
+    )
+    slurm.jobs[41] = Job(job_id=41, name="hyperpod-expand-99", state="PENDING", uid=ME)
     slurm.jobs[42] = Job(job_id=42, name="someone-else", state="RUNNING")
     assert runner(store, slurm).cancel_orphans(NOW) == 2
     assert [slurm.jobs[i].state for i in (40, 41, 42)] == ["CANCELLED", "CANCELLED", "RUNNING"]

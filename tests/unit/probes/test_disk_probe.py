@@ -97,14 +97,14 @@ def test_judge_space_inodes_and_zero_totals() -> None:
         ("fs_inodes_low", Status.WARN, Action.MONITOR)
     ]
     full = judge_space(check, Space(1000, 1000, 100, 2))
-    assert full[0].code == "fs_inodes_full" and full[0].action is Action.REBOOT
+    assert full[0].code == "fs_inodes_full" and full[0].action is Action.MONITOR
     assert "2.0% inodes free" in full[0].message
     assert judge_space(check, Space(0, 0, 0, 0)) == []
 
 
 def test_full_action_is_configurable() -> None:
-    check = MountCheck(path="/scratch", full_action=Action.MONITOR)
-    assert judge_space(check, Space(100, 0, 100, 100))[0].action is Action.MONITOR
+    check = MountCheck(path="/scratch", full_action=Action.RESET)
+    assert judge_space(check, Space(100, 0, 100, 100))[0].action is Action.RESET
 
 
 # --- probe against real directories --------------------------------------------------------

@@ -1,0 +1,206 @@
+"""A hostile user against remediation, on the service cluster (real Slurm, the
+controller, an agent per node; the attacker and the victim are real unprivileged users
+of this machine, which every node of the local cluster shares).
+
+The attacker does what any user can: submits held jobs named like the controller's own
+(``hyperpod-expand-²``, ``hyperpod-expand-<a job id>``, and the name of every deep
+check ``GET /v1/checks`` shows while it waits), and fills the scratch tmpfs of a node.
+Meanwhile a real fault (XID 79) hits another node, an admin asks for a deep check of a
+node a victim's job runs on, and the victim's job runs to its end.
+
+Nothing of anybody else is drained, resumed, rebooted, replaced, requeued or
+cancelled; the full scratch is reported and never rebooted or replaced; the XID node
+is taken out as fast as in the fault drills and comes back; the deep check runs its
+own job and judges the node; no reservation is left; every reconcile pass ends well.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drill_helpers import REBOOT_FLAGS, Drill, wait_for
+from hostile import User, attacker, user_env, user_venv, victim
+
+from hyperpod_agent.controller.deepcheck.outcomes import DRAIN_FIRST_REASON
+from hyperpod_agent.localcluster.cluster import LocalCluster
+from hyperpod_agent.slurm.models import Job, Node
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
+
+REPO = Path(__file__).resolve().parents[2]
+DETECT_S = 20.0  # as test_fault_drills.py: fault injected -> node taken out
+REBOOT_S = 60.0  # reboot requested -> back in service
+RUN_S = 90.0  # a deep check after the victim's job: the job, then a quick run
+XID_NODE, CHECKED, FILLED = "node2", "node1", "node3"
+# what the controller does to nodes and jobs (events of these kinds name their node)
+ACTING = {"drain", "resume", "reboot", "reset", "replace", "hold", "requeue", "cancel",
+          "no_replacement", "step_retry_orphan", "deep_check_orphan"}  # fmt: skip
+
+
+class Watch:
+    """Every node state Slurm shows while the attack runs (0.3 s apart)."""
+
+    def __init__(self, drill: Drill) -> None:
+        self.drill = drill
+        self.seen: dict[str, set[tuple[str, bool]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.3):
+            try:
+                states = self.drill.states()
+            except Exception:  # noqa: BLE001 - a slow sinfo: the next look counts
+                continue
+            for name, node in states.items():
+                rebooting = bool(node.flags & REBOOT_FLAGS)
+                self.seen.setdefault(name, set()).add((node.reason, rebooting))
+
+    def stop(self) -> dict[str, set[tuple[str, bool]]]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.seen
+
+
+def passes(drill: Drill) -> dict[str, float]:
+    """``hyperpod_controller_passes_total`` by outcome, from the controller's /metrics."""
+    with urllib.request.urlopen(drill.services.controller_url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = re.findall(r'^hyperpod_controller_passes_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    return {k: float(v) for k, v in found}
+
+
+def sbatch(user: User, env: dict[str, str], *args: str) -> int:
+    res = user.run(["sbatch", "--parsable", *args], env, timeout=20)
+    assert res.returncode == 0, (args, res.stderr)
+    return int(res.stdout.strip().split(";")[0])
+
+
+def job(drill: Drill, job_id: int) -> Job:
+    found = drill.slurm.job(job_id)
+    assert found is not None, f"job {job_id} gone"
+    return found
+
+
+def in_service(node: Node) -> bool:
+    return node.state == "IDLE" and not node.drained and not node.reason and node.responding
+
+
+@pytest.fixture(scope="module")
+def drill(service_cluster: LocalCluster) -> Iterator[Drill]:
+    d = Drill(service_cluster)
+    d.fresh_controller()
+    d.restore()
+    yield d
+    d.restore()
+
+
+def test_a_hostile_user_stops_no_remediation_and_hijacks_no_check(drill: Drill) -> None:
+    bad, good = attacker(), victim()
+    env = user_env(drill.env, user_venv(REPO))
+    out = drill.cluster.dir / "out"
+    ballast = drill.services.scratch(FILLED) / "ballast"
+    theirs: list[int] = []
+    since = drill.last_event_id()
+    before = passes(drill)
+    watch = Watch(drill)
+    try:
+        # --- the attack: jobs named like ours, a full scratch --------------------------
+        theirs.append(sbatch(bad, env, "-J", "hyperpod-expand-²", "--hold", "--wrap", "true"))
+        theirs.append(sbatch(bad, env, "-J", f"hyperpod-expand-{theirs[0]}", "-H",
+                             "--wrap", "true"))  # fmt: skip
+        fill = bad.run(["sh", "-c", f"head -c 20000000 /dev/zero > {ballast}"], env)
+        assert fill.returncode != 0 and "No space left" in fill.stderr, fill
+        wait_for(
+            f"the full scratch of {FILLED} reported",
+            lambda: any(
+                e["kind"] == "fault" and "fs_full" in e["cause"]
+                for e in drill.events(FILLED)
+                if int(e["id"]) > since
+            ),
+            timeout=30,
+        )
+
+        # --- a real fault meanwhile: handled in its usual time ---------------------------
+        pid = drill.cluster.slurmd_pid(XID_NODE)
+        drill.inject_xid(XID_NODE, 79, gpu=3, message="GPU has fallen off the bus")
+        took = wait_for(
+            f"{XID_NODE} taken out",
+            lambda: drill.node(XID_NODE).reason.startswith("hyperpod:reboot gpu3 xid79"),
+            DETECT_S,
+            0.1,
+            detail=drill.describe,
+        )
+        wait_for(
+            f"{XID_NODE} rebooted and back",
+            lambda: (
+                in_service(drill.node(XID_NODE))
+                and drill.cluster.slurmd_pid(XID_NODE) not in (None, pid)
+            ),
+            REBOOT_S,
+            detail=drill.describe_reboots,
+        )
+
+        # --- a deep check under a name the attacker can read ----------------------------
+        mine = sbatch(good, env, "-w", CHECKED, "-N1", f"--output={out}/victim-%j.out",
+                      "--wrap", "sleep 15; echo done")  # fmt: skip
+        wait_for("the victim's job running", lambda: job(drill, mine).state == "RUNNING")
+        asked = drill.hyperpod_json("node", "check", CHECKED, "--drain-first")
+        run_id, name = int(asked["id"]), str(asked["reservation"])
+        seen = bad.run(["hyperpod", "checks", "--json"], env)
+        assert seen.returncode == 0 and name in seen.stdout, seen.stderr  # public
+        theirs.append(sbatch(bad, env, "-H", "-J", name, "--wrap", "true"))
+        wait_for("the victim's job done", lambda: job(drill, mine).state == "COMPLETED", 30)
+        wait_for(
+            "the deep check done",
+            lambda: drill.hyperpod_json("checks", str(run_id))["phase"] == "done",
+            RUN_S,
+            step=0.5,
+        )
+        run: dict[str, Any] = drill.hyperpod_json("checks", str(run_id))
+        assert run["job_id"] not in theirs, run
+        assert [(o["node"], o["outcome"]) for o in run["outcomes"]] == [(CHECKED, "OK")], run
+        wait_for(f"{CHECKED} back in service", lambda: in_service(drill.node(CHECKED)), 10)
+        time.sleep(6)  # a few more passes (2 s) with the attack still in place
+    finally:
+        seen_states = watch.stop()
+        after = passes(drill)
+        left_alone = {job_id: job(drill, job_id).state for job_id in theirs}
+        for job_id in theirs:
+            drill.slurm.cancel(job_id)
+        ballast.unlink(missing_ok=True)
+
+    # the real fault was handled as in the fault drills
+    assert took < DETECT_S
+    # every pass ended well while the attack ran
+    assert after.get("ok", 0) > before.get("ok", 0) + 10, (before, after)
+    assert after.get("error", 0) == before.get("error", 0), (before, after)
+    # the victim's job ran to its end, untouched
+    victims = job(drill, mine)
+    assert (victims.state, victims.exit_code, victims.restart_count) == ("COMPLETED", 0, 0)
+    # the attacker's jobs were left as they were (then cancelled by the test)
+    assert set(left_alone.values()) == {"PENDING"}, left_alone
+    events = [e for e in drill.events() if int(e["id"]) > since]
+    acted = [e for e in events if e["kind"] in ACTING]
+    assert {e["node"] for e in acted} <= {XID_NODE}, acted
+    assert not [e for e in events if e["kind"] in ("item_error", "policy_error")], events
+    # the full scratch: reported, never drained for a reboot or a replacement
+    filled = seen_states[FILLED]
+    assert not any(rebooting for _, rebooting in filled), filled
+    assert {reason for reason, _ in filled} <= {""}, filled
+    # the checked node: drained for its check only, never rebooted
+    checked = seen_states[CHECKED]
+    assert {r for r, _ in checked} <= {"", DRAIN_FIRST_REASON}, checked
+    assert not any(rebooting for _, rebooting in checked), checked
+    assert seen_states["node4"] == {("", False)}, seen_states["node4"]
+    # no reservation left held
+    left = [r.name for r in drill.slurm.reservations() if r.name.startswith("hyperpod-")]
+    assert left == [], left
