@@ -27,7 +27,10 @@ class Action(str, enum.Enum):
     """What a fault asks for, mildest first (see ``ACTION_ORDER``)."""
 
     NONE = "NONE"
-    MONITOR = "MONITOR"
+    MONITOR = "MONITOR"  # recorded, the node stays in service
+    # Out of service until healthy again, and nothing more: for faults a reboot cannot
+    # mend (a disk users filled). Never escalated, never a lemon's sign.
+    DRAIN = "DRAIN"
     RESET = "RESET"
     REBOOT = "REBOOT"
     REPLACE = "REPLACE"
@@ -36,9 +39,15 @@ class Action(str, enum.Enum):
     def rank(self) -> int:
         return ACTION_ORDER.index(self)
 
+    @property
+    def takes_out(self) -> bool:
+        """Does the fault ask for the node to leave service (DRAIN or stronger)?"""
+        return self.rank >= Action.DRAIN.rank
+
     def escalate(self) -> Action:
-        """The next stronger remediation (RESET -> REBOOT -> REPLACE)."""
-        if self in (Action.NONE, Action.MONITOR):
+        """The next stronger remediation (RESET -> REBOOT -> REPLACE). NONE, MONITOR and
+        DRAIN stay what they are: a repeat of a drain-only fault needs no stronger remedy."""
+        if self in (Action.NONE, Action.MONITOR, Action.DRAIN):
             return self
         return ACTION_ORDER[min(self.rank + 1, len(ACTION_ORDER) - 1)]
 
@@ -46,6 +55,7 @@ class Action(str, enum.Enum):
 ACTION_ORDER: list[Action] = [
     Action.NONE,
     Action.MONITOR,
+    Action.DRAIN,
     Action.RESET,
     Action.REBOOT,
     Action.REPLACE,
@@ -154,6 +164,14 @@ class JobProgress(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     job_id: int = Field(gt=0, le=MAX_JOB_ID)
+    uid: int | None = Field(
+        default=None,
+        ge=0,
+        le=2**32 - 1,
+        description="the user the agent checked the records against: they are that uid's "
+        "files, written by processes of the job running as it (None: not checked, an older "
+        "agent); the controller compares it with the job's user in Slurm",
+    )
     hang_factor: float | None = Field(default=None, gt=0.0, le=1000.0)
     hang_min_s: float | None = Field(default=None, gt=0.0, le=1e7)
     ranks: list[RankProgress] = Field(default_factory=list, max_length=256)

@@ -217,7 +217,7 @@ def plan(
     """Requeues, budget-spent and not-retried notices, and waiting events for this pass.
 
     ``planned`` are this pass's node actions (for the capacity guard); ``hung`` the
-    running jobs past their hang limit, with the cause (``hangs.py``). Waiting events
+    running jobs past their hang limit, with the cause (``hangs/judge.py``). Waiting events
     repeat every pass while they hold; the service records each message once.
     """
     ar = config.auto_resume

@@ -355,7 +355,7 @@ class ControllerConfig(BaseModel):
         return value
 
     def store_location(self) -> StoreLocation:
-        """Where the state lives (store_url.py)."""
+        """Where the state lives (store/url.py)."""
         return store_location(self.store, self.store_password_file, self.state_db)
 
     def controller_id(self) -> str:

@@ -126,7 +126,7 @@ class Ingest:
             )
         metrics.REPORTS.labels("report", "accepted").inc()
         if (
-            any(Action(f.action).rank >= Action.RESET.rank for f in opened)
+            any(Action(f.action).takes_out for f in opened)
             or closed
             or (
                 report.verdict is Verdict.HEALTHY

@@ -7,7 +7,7 @@ this controller's own clock and a margin: a leader stops acting ``renew_every_s`
 before its lease ends, so it has stopped before another can take the lease (with
 clocks synchronised well within that margin). A renew that fails (the database
 unreachable, the lease taken) ends leading at once. Intent writes are fenced with the
-lease as well (store_lease.py): a leader that did not notice in time still cannot
+lease as well (store/lease.py): a leader that did not notice in time still cannot
 write one.
 """
 

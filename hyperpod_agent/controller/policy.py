@@ -59,7 +59,9 @@ def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float
 
     A repeat is another fault of the same component first seen in the window, or a
     reboot/replace we completed on the node after this fault was first seen (the fault
-    came back, or never left, after the remedy).
+    came back, or never left, after the remedy). A DRAIN is never escalated, however
+    often it repeats (a disk users fill again is no reason to reboot), nor is it a
+    repeat of another remedy.
     """
     base = Action(fault.action)
     if base.rank < Action.RESET.rank:
@@ -140,19 +142,22 @@ class _Ctx:
         out = []
         for f in self.faults.get(node.name, []):
             action = _escalated(f, self.snap, self.policy, self.now)
-            if action.rank >= Action.RESET.rank:
+            if action.takes_out:
                 out.append((f, action))
         return out
 
     def lemon(self, name: str) -> int:
         """Faults of the node within the lemon window, stragglers it was found to be too.
-        A full or filling disk is not counted: any user can fill what they can write,
-        and that says nothing about the hardware."""
+        A full or filling disk is not counted, nor any fault that asks for a drain only:
+        any user can fill what they can write, and that says nothing about the hardware."""
         since = self.now - self.policy.lemon_window_s
         faults = sum(
             1
             for h in self.snap.history
-            if h.node == name and h.first_seen >= since and h.code not in USER_FILLABLE
+            if h.node == name
+            and h.first_seen >= since
+            and h.code not in USER_FILLABLE
+            and h.action != Action.DRAIN.value
         )
         slow = sum(
             1
@@ -184,11 +189,14 @@ def _worst(items: list[tuple[FaultRow, Action]]) -> tuple[FaultRow, Action]:
 
 def _kind_verb(action: Action) -> tuple[Kind, Verb]:
     """REPLACE -> provider; REBOOT -> ``scontrol reboot ASAP``; RESET -> drain so the
-    node-local agent can reset the GPU once idle (the controller cannot reach it)."""
+    node-local agent can reset the GPU once idle (the controller cannot reach it);
+    DRAIN -> drain until the node is healthy again, nothing more."""
     if action is Action.REPLACE:
         return Kind.REPLACE, Verb.REPLACE
     if action is Action.REBOOT:
         return Kind.REBOOT, Verb.REBOOT
+    if action is Action.DRAIN:
+        return Kind.DRAIN, Verb.DRAIN
     return Kind.DRAIN, Verb.RESET
 
 
@@ -242,11 +250,14 @@ def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
     if ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE, Verb.SPARE):
         return []  # held for repair, or managed by the provider
     faults = ctx.actionable(node)
-    lemon = bool(faults) and ctx.lemon(name) >= ctx.policy.lemon_threshold
+    # A drain-only fault never holds a node for repair, whatever its past: the hold
+    # would make a disk users filled a repair case.
+    remedies = [fa for fa in faults if fa[1] is not Action.DRAIN]
+    lemon = bool(remedies) and ctx.lemon(name) >= ctx.policy.lemon_threshold
     out_by_us = node.drained and ours is not None
     if lemon:
         why = f"{ctx.lemon(name)} faults within {ctx.policy.lemon_window_s:g} s"
-        f, _ = _worst(faults)
+        f, _ = _worst(remedies)
         return [
             PlannedAction(
                 Kind.HOLD,
@@ -289,6 +300,7 @@ def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
             return [_remedy(f, action, name, takes_out=False)]
         if (
             ours.verb is Verb.RESET
+            and action.rank >= Action.RESET.rank  # a drain-only fault left: no timer
             and node.state in IDLE_STATES
             and node.reason_time
             and ctx.now - node.reason_time.timestamp() >= ctx.policy.reset_timeout_s

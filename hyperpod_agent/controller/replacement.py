@@ -19,6 +19,8 @@ from hyperpod_agent.slurm.models import Node
 
 # Remedies a spare supersedes for a node under an auto-resume job: both leave the job
 # short of a node for minutes, and both may put it back on a machine that just failed.
+# Not DRAIN: what asks only for a drain (a full disk) is no reason to hold a node for
+# repair, which a replacement does.
 SUPERSEDED = (Action.RESET, Action.REBOOT)
 
 

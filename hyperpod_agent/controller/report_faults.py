@@ -76,7 +76,7 @@ def faults_from_report(report: NodeReport, policy: PolicyConfig) -> ReportFaults
     if report.verdict is Verdict.FAULTY and not matched:
         # A faulty verdict that names nothing it confirmed is still never silently
         # ignored: the node as a whole is the fault.
-        action = report.action if report.action.rank >= Action.RESET.rank else Action.REBOOT
+        action = report.action if report.action.takes_out else Action.REBOOT
         out[("node", "faulty")] = FaultIn(
             "node", "faulty", Status.FAIL.value, action.value, report.urgent, report.message
         )

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from hyperpod_agent.controller.config import PolicyConfig
@@ -45,7 +45,7 @@ def _burst(fault: FaultRow, faults: Iterable[FaultRow], window: float) -> set[st
         f.node
         for f in faults
         if f.code == fault.code
-        and Action(f.action).rank >= Action.RESET.rank
+        and Action(f.action).takes_out
         and abs(f.first_seen - fault.first_seen) <= window
     }
 
@@ -148,22 +148,56 @@ def on_the_way_out(snap: Snapshot) -> frozenset[str]:
     return frozenset(leaving)
 
 
+def _drain_only(reason: str) -> bool:
+    """Our drain that never becomes a reboot (a full disk: something users can cause)."""
+    ours = parse_reason(reason)
+    return ours is not None and ours.verb is Verb.DRAIN
+
+
 def limit_take_outs(
     snap: Snapshot, policy: PolicyConfig, planned: Sequence[PlannedAction]
 ) -> Limits:
-    """Keep the take-outs each partition can afford; drop all of an over partition's."""
+    """Keep the take-outs each partition can afford; drop all of an over partition's.
+
+    Drain-only take-outs (``hyperpod:drain``: a full disk, which any user can cause) are
+    limited like the others, but they never hold back the remedy of a real fault: for
+    any other take-out, nodes out under a drain-only reason do not count. So a user who
+    fills disks costs at most the partition's share and cannot stop remediation."""
+    hard = [a for a in planned if not _drain_only(a.reason)]
+    kept, events, over = _limit(snap, policy, hard, lambda n: not _drain_only(n.reason))
+    soft = [a for a in planned if _drain_only(a.reason)]
+    # the drain-only ones fit in what is left once this pass's real take-outs are in
+    taken = frozenset(str(a.node) for a in kept if counted(a))
+    kept_soft, events_soft, over_soft = _limit(snap, policy, soft, lambda n: True, taken)
+    allowed = [a for a in planned if a in kept or a in kept_soft]
+    return Limits(allowed, events + events_soft, {**over_soft, **over})
+
+
+def _limit(
+    snap: Snapshot,
+    policy: PolicyConfig,
+    planned: Sequence[PlannedAction],
+    counts: Callable[[Node], bool],
+    taken: frozenset[str] = frozenset(),
+) -> tuple[list[PlannedAction], list[PlannedEvent], dict[str, str]]:
+    """The blast-radius rule over ``planned``, counting the out nodes ``counts`` accepts
+    and the ``taken`` ones of this pass."""
     members = _members(snap.nodes)
     leaving = on_the_way_out(snap)
 
     def gone(node: Node) -> bool:
-        return unavailable(node, snap.replaced) or node.name in leaving
+        out_now = unavailable(node, snap.replaced) or node.name in leaving
+        return (out_now and counts(node)) or node.name in taken
 
     out = {part: sum(1 for n in nodes if gone(n)) for part, nodes in members.items()}
     # A node already out (or on its way) loses no capacity by being taken out (again).
     new = {
         str(a.node)
         for a in planned
-        if counted(a) and a.node in snap.nodes and not gone(snap.nodes[str(a.node)])
+        if counted(a)
+        and a.node in snap.nodes
+        and not gone(snap.nodes[str(a.node)])
+        and not (unavailable(snap.nodes[str(a.node)], snap.replaced))
     }
     over: dict[str, str] = {}
     while True:
@@ -192,6 +226,7 @@ def limit_take_outs(
         for a in planned
         if counted(a) and a.node in snap.nodes and str(a.node) not in new
         if not gone(snap.nodes[str(a.node)])
+        and not unavailable(snap.nodes[str(a.node)], snap.replaced)
     }
     events = []
     if over:
@@ -204,4 +239,4 @@ def limit_take_outs(
             )
         )
     allowed = [a for a in planned if not (counted(a) and str(a.node) in dropped)]
-    return Limits(allowed, events, over)
+    return allowed, events, over

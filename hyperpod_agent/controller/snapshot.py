@@ -68,7 +68,7 @@ class Snapshot:
     check_outcomes: Mapping[str, NodeOutcome] = field(default_factory=dict)
     checking: frozenset[str] = frozenset()
     # Step retries under way: job id -> (the node taken out, the spare going in). The
-    # policy leaves these jobs and nodes to the surgery (stepretry_run.py).
+    # policy leaves these jobs and nodes to the surgery (stepretry/run.py).
     step_retries: Mapping[int, tuple[str, str]] = field(default_factory=dict)
     # Jobs whose step a step-retry helper watches: job id -> when it was first told to
     # end its step (None: not yet). See ``left_to_step_retry``.

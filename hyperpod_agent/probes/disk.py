@@ -8,10 +8,10 @@ mount sits in the kernel and cannot be killed, so the probe stops waiting, repor
 ``fs_hung`` and never starts a second I/O on that mount while the first is stuck.
 
 Users can fill any mount they can write, so a full one (``fs_full``,
-``fs_inodes_full``) asks for MONITOR by default: reported, never a reason to reboot
-or replace the node (a reboot does not empty a disk, tmpfs aside). The probe file is
-made afresh under a random name (O_EXCL, O_NOFOLLOW): a file or symlink a user put in
-a world-writable mount is never written through.
+``fs_inodes_full``) asks for DRAIN by default: no new jobs until it is emptied, never
+a reboot or a replacement (a reboot does not empty a disk, tmpfs aside). The probe
+file is made afresh under a random name (O_EXCL, O_NOFOLLOW): a file or symlink a user
+put in a world-writable mount is never written through.
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ class MountCheck(BaseModel):
     free_fail_pct: float = Field(default=3.0, ge=0, le=100)
     inodes_warn_pct: float = Field(default=10.0, ge=0, le=100)
     inodes_fail_pct: float = Field(default=3.0, ge=0, le=100)
-    # What a full mount asks for. Not a reboot: users fill what they can write, and a
-    # reboot empties only a tmpfs (set REBOOT there if that is the remedy you want).
-    full_action: Action = Action.MONITOR
+    # A drain, not a reboot: users fill what they can write, and a reboot empties only
+    # a tmpfs (REBOOT there if that is the remedy you want; MONITOR: no drain).
+    full_action: Action = Action.DRAIN
 
     @field_validator("path")
     @classmethod

@@ -220,7 +220,7 @@ class GpuProbe(Probe[GpuConfig]):
         rule = xid_rule(xid, message, self._overrides)
         if rule.action == Action.NONE:
             return
-        status = Status.FAIL if rule.action.rank >= Action.RESET.rank else Status.WARN
+        status = Status.FAIL if rule.action.takes_out else Status.WARN
         text = f"XID {xid}" + (f": {message}" if message else "") + f" (seen {count}x)"
         finding = _f(component, f"xid{xid}", status, text, rule.action, rule.urgent)
         log.warning(

@@ -9,7 +9,8 @@ Meanwhile a real fault (XID 79) hits another node, an admin asks for a deep chec
 node a victim's job runs on, and the victim's job runs to its end.
 
 Nothing of anybody else is drained, resumed, rebooted, replaced, requeued or
-cancelled; the full scratch is reported and never rebooted or replaced; the XID node
+cancelled; the full scratch is drained with our drain-only reason (resumed once it is
+emptied), never rebooted or replaced, and holds back no real fault; the XID node
 is taken out as fast as in the fault drills and comes back; the deep check runs its
 own job and judges the node; no reservation is left; every reconcile pass ends well.
 """
@@ -190,12 +191,13 @@ def test_a_hostile_user_stops_no_remediation_and_hijacks_no_check(drill: Drill) 
     assert set(left_alone.values()) == {"PENDING"}, left_alone
     events = [e for e in drill.events() if int(e["id"]) > since]
     acted = [e for e in events if e["kind"] in ACTING]
-    assert {e["node"] for e in acted} <= {XID_NODE}, acted
+    assert {e["node"] for e in acted} <= {XID_NODE, FILLED}, acted
+    assert {e["kind"] for e in acted if e["node"] == FILLED} <= {"drain", "resume"}, acted
     assert not [e for e in events if e["kind"] in ("item_error", "policy_error")], events
-    # the full scratch: reported, never drained for a reboot or a replacement
+    # the full scratch: drained (drain-only), never for a reboot or a replacement
     filled = seen_states[FILLED]
     assert not any(rebooting for _, rebooting in filled), filled
-    assert {reason for reason, _ in filled} <= {""}, filled
+    assert all(r == "" or r.startswith("hyperpod:drain scratch fs_") for r, _ in filled), filled
     # the checked node: drained for its check only, never rebooted
     checked = seen_states[CHECKED]
     assert {r for r, _ in checked} <= {"", DRAIN_FIRST_REASON}, checked

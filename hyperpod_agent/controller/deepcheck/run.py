@@ -17,6 +17,9 @@ step is safe to repeat, so a controller killed anywhere finishes the run after r
 - ``running``: until the job ends, or is cancelled at the run's deadline.
 - ``restore``: every node gets its outcome's place (spare pool, service, or held with
   ``hyperpod:hold deep-check <check> <cause>``), then the reservation is deleted.
+
+The check job's name, script and ownership are in ``job.py``; reservations no open run
+owns are swept by ``orphans.py``.
 """
 
 from __future__ import annotations
@@ -25,15 +28,14 @@ import logging
 import math
 import os
 import pwd
-import re
-import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from pathlib import Path
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.deepcheck import job as check_job
+from hyperpod_agent.controller.deepcheck.orphans import ReservationSweep
 from hyperpod_agent.controller.deepcheck.outcomes import (
     DRAIN_FIRST_REASON,
     judge_node,
@@ -48,8 +50,6 @@ from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.errors import ConfigError, SlurmError
-from hyperpod_agent.reasons import Verb, format_reason
-from hyperpod_agent.slurm.maint import Reservation
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 
 log = logging.getLogger(__name__)
@@ -61,10 +61,6 @@ _CANCEL_GRACE_S = 60.0
 
 # phases a run may enter and go through in the same pass (see CheckRunner._steps)
 CHAINED = ("reserve", "resume", "submit")
-RUN_PREFIX = "hyperpod-check-"  # CheckRun.reservation
-# the whole of a run's name, ASCII digits only (CheckRun.reservation)
-RUN_NAME = re.compile(r"hyperpod-check-[0-9]{1,12}-[0-9]{1,12}", re.ASCII)
-SWEEP_EVERY_S = 600.0
 
 # (node, the check it failed, cause) -> the controller replaces a node that failed re-entry
 Escalate = Callable[[str, str, str], None]
@@ -87,19 +83,10 @@ class CheckRunner:
         self.escalate = escalate
         self.uid = os.getuid()  # Slurm records it as the owner of the jobs we submit
         self.user = pwd.getpwuid(self.uid).pw_name
-        self._swept_at = float("-inf")
         # One run or orphan that raises is skipped, never the pass (the service
         # passes its own, which records events and quarantines).
         self.isolation = isolation or Isolation(_no_event, time.time)
-
-    def ours(self, job: Job, run_name: str, nodes: Sequence[str] | None = None) -> bool:
-        """``job`` is the check job of run ``run_name``: that name, submitted by this
-        controller's user and, when ``nodes`` are given, on none but those (a job
-        inside the run's reservation can run nowhere else; Job does not carry its
-        reservation)."""
-        if job.name != run_name or job.uid is None or job.uid != self.uid:
-            return False
-        return nodes is None or set(job.nodes) <= set(nodes)
+        self.orphans = ReservationSweep(store, slurm, self.user, self.uid, self.isolation)
 
     def advance(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
         """One step of every open run; how many changed Slurm."""
@@ -118,13 +105,7 @@ class CheckRunner:
                 node=run.nodes[0] if len(run.nodes) == 1 else None,
             )
         self.isolation.forget_missing("check_run", {str(r.id) for r in runs})
-        if now - self._swept_at >= SWEEP_EVERY_S:
-            self._swept_at = now  # a failure below asks for the next pass again
-            try:
-                changed += self.sweep(owned, nodes, jobs, now)
-            except SlurmError as exc:
-                self._swept_at = float("-inf")
-                log.warning("deep checks: looking for left-over reservations: %s", exc)
+        changed += self.orphans.sweep_if_due(owned, nodes, jobs, now)
         metrics.DEEP_CHECKS_RUNNING.set(len(self.store.open_check_runs()))
         return changed
 
@@ -138,58 +119,6 @@ class CheckRunner:
             # at its deadline (running) or by a later failure.
             log.warning("deep check run %d (%s): %s (retrying)", run.id, run.phase, exc)
             return 0
-
-    def sweep(
-        self, owned: set[str], nodes: Mapping[str, Node], jobs: Sequence[Job], now: float
-    ) -> int:
-        """Remove check reservations no open run owns (a state database restored or
-        started afresh under a run). Their nodes were resumed by that run and what
-        they were before is lost: a node in service inside one is held, never put
-        into service blind. ``owned``: the reservations of the open runs. Only ours:
-        a run's whole name, made for this controller's user."""
-        changed = 0
-        reservations = self.slurm.reservations()
-        for resv in reservations:
-            if not RUN_NAME.fullmatch(resv.name) or resv.name in owned:
-                continue
-            if self.user not in resv.users:
-                continue
-            changed += self.isolation.run(
-                "orphan",
-                f"reservation {resv.name}",
-                partial(self._remove_orphan, resv, nodes, jobs, now),
-                0,
-            )
-        # forget what left Slurm meanwhile (any runner's orphans: the same universe)
-        live = {f"job {j.job_id}" for j in jobs if j.state.upper() not in ENDED}
-        self.isolation.forget_missing(
-            "orphan", live | {f"reservation {r.name}" for r in reservations}
-        )
-        return changed
-
-    def _remove_orphan(
-        self, resv: Reservation, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float
-    ) -> int:
-        why = f"left-over reservation {resv.name} removed; its state before is unknown"
-        held = []
-        try:
-            for job in jobs:
-                if self.ours(job, resv.name) and job.state.upper() not in ENDED:
-                    self.slurm.cancel(job.job_id)
-            for name in resv.nodes:
-                node = nodes.get(name)
-                if node is not None and not node.drained and not node.reason:
-                    self.slurm.drain(name, format_reason(Verb.HOLD, "deep-check", "orphan", why))
-                    held.append(name)
-            self.slurm.delete_reservation(resv.name)
-        except SlurmError as exc:
-            self._swept_at = float("-inf")  # the next pass tries again
-            log.warning("deep checks: left-over reservation %s: %s (retrying)", resv.name, exc)
-            return 0
-        message = f"deep checks: {why}" + (f"; held {', '.join(held)}" if held else "")
-        self.store.add_event("deep_check_orphan", message, now, cause="no run owns it")
-        log.warning("%s", message)
-        return 1
 
     def _steps(
         self, run: CheckRun, nodes: Mapping[str, Node], jobs: Mapping[int, Job], now: float
@@ -288,28 +217,16 @@ class CheckRunner:
         self.store.set_check_phase(run.id, "submit", now)
         return changed
 
-    def _script(self, run: CheckRun, out: Path) -> str:
-        assert self.deep.suite is not None
-        argv = [
-            *self.deep.command, "run", "--suite", str(self.deep.suite),
-            "--level", run.level, "--out", str(out),
-        ]  # fmt: skip
-        lines = ["#!/bin/sh", f"# deep check run {run.id}: {run.purpose} {','.join(run.nodes)}"]
-        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(self.deep.env.items())]
-        srun = ["srun", f"--nodes={len(run.nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
-        lines.append("exec " + shlex.join(srun + argv))
-        return "\n".join(lines) + "\n"
-
     def _submit(self, run: CheckRun, jobs: Mapping[int, Job], now: float) -> int:
         name = run.reservation
-        found = [j for j in jobs.values() if self.ours(j, name, run.nodes)]
+        found = [j for j in jobs.values() if check_job.is_ours(j, name, self.uid, run.nodes)]
         limit = suite_limit_s(self.deep, run.level)
         if found:
             job_id = min(j.job_id for j in found)  # submitted before a restart
         else:
             out = self.deep.results_dir / name
             try:
-                script = write_script(self.deep, name, self._script(run, out))
+                script = write_script(self.deep, name, check_job.script(run, self.deep, out))
             except (OSError, ConfigError) as exc:
                 return self._fail(run, f"cannot write the check job: {exc}", now)
             try:

@@ -22,13 +22,15 @@ cancelled, the spare goes back to the pool and the job is requeued (REQUEUE): a 
 that was shrunk has lost a node its step needs, and one not yet shrunk still holds the
 faulty node; either way only a fresh allocation runs the step again. The bad node stays
 out: it is faulty.
+
+Helper allocations and spare reservations no open surgery owns are removed by
+``orphans.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pwd
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -38,12 +40,12 @@ from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.providers.base import SlurmApi
+from hyperpod_agent.controller.stepretry.orphans import HelperSweep, me
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.controller.store.steps import StepRetry
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.reasons import SPARE, Owner, owner_of
-from hyperpod_agent.slurm.maint import Reservation
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 from hyperpod_agent.slurm.resize import expansion_parent
 
@@ -56,9 +58,6 @@ STEPS = ("drain", "shrink", "expand", "absorb")
 RESERVATION_SLACK_MIN = 10
 READ_BACK_TRIES, READ_BACK_PAUSE_S = 8, 0.25
 RESPONDING_TRIES = 40  # 10 s at READ_BACK_PAUSE_S
-# Left-over spare reservations are looked for this often (and after a failed delete);
-# helper allocations every pass, in the pass's own view of the jobs.
-SWEEP_EVERY_S = 600.0
 
 
 class SurgeryFailed(Exception):
@@ -88,11 +87,11 @@ class StepRetryRunner:
         self._crash_hook = crash_hook or (lambda point: None)
         self._timer = timer
         self._sleep = sleep
-        self._swept_at = float("-inf")  # reservations: at the first pass, then rarely
         # One surgery or orphan that raises is skipped, never the pass (the service
         # passes its own, which records events and quarantines).
         self.isolation = isolation or Isolation(_no_event, time.time)
         self.uid = os.getuid()  # what Slurm records as the owner of the jobs we make
+        self.orphans = HelperSweep(store, slurm, self.ours, self.isolation)
 
     def ours(self, job: Job) -> bool:
         """A job this controller made (its uid as Slurm records it)."""
@@ -105,7 +104,7 @@ class StepRetryRunner:
         runs = self.store.open_step_retries()
         changed = 0
         try:
-            changed += self.cancel_orphans(now, jobs, {r.job_id for r in runs})
+            changed += self.orphans.sweep(now, jobs, {r.job_id for r in runs})
         except SlurmError as exc:
             log.warning("step retry: looking for left-over helper allocations: %s", exc)
         for run in runs:
@@ -128,73 +127,6 @@ class StepRetryRunner:
             # from the phase the store has.
             log.warning("step retry %d (%s): %s (retrying)", run.id, run.phase, exc)
             return 0
-
-    def cancel_orphans(
-        self, now: float, jobs: Sequence[Job] | None = None, owned: set[int] | None = None
-    ) -> int:
-        """Cancel our helper allocations (``hyperpod-expand-J``) no open surgery owns:
-        left by a surgery that ended, or whose job ended; and, every SWEEP_EVERY_S,
-        delete the spare reservations of the same name no open surgery owns."""
-        if owned is None:
-            owned = {r.job_id for r in self.store.open_step_retries()}
-        by_id = {j.job_id: j for j in (self.slurm.list_jobs() if jobs is None else jobs)}
-        cancelled = 0
-        for job in by_id.values():
-            parent_id = expansion_parent(job.name)
-            if parent_id is None or not self.ours(job) or job.state.upper() in ENDED:
-                continue
-            parent = by_id.get(parent_id)
-            if parent is not None and parent.job_id in owned and parent.state == "RUNNING":
-                continue
-            cancelled += self.isolation.run(
-                "orphan",
-                f"job {job.job_id}",
-                partial(self._cancel_helper, job, parent, now),
-                0,
-                job_id=job.job_id,
-            )
-        if now - self._swept_at < SWEEP_EVERY_S:
-            return cancelled
-        self._swept_at = now
-        reservations = self.slurm.reservations()
-        for resv in reservations:
-            parent_id = expansion_parent(resv.name)
-            if parent_id is None or parent_id in owned or _me() not in resv.users:
-                continue
-            cancelled += self.isolation.run(
-                "orphan", f"reservation {resv.name}", partial(self._delete, resv, now), 0
-            )
-        # forget what left Slurm meanwhile (any runner's orphans: the same universe)
-        live = {f"job {j.job_id}" for j in by_id.values() if j.state.upper() not in ENDED}
-        self.isolation.forget_missing(
-            "orphan", live | {f"reservation {r.name}" for r in reservations}
-        )
-        return cancelled
-
-    def _cancel_helper(self, job: Job, parent: Job | None, now: float) -> int:
-        try:
-            self.slurm.cancel(job.job_id)
-        except SlurmError as exc:
-            log.warning("step retry: helper allocation %d: %s (retrying)", job.job_id, exc)
-            return 0
-        why = "its job ended" if parent is None or parent.state != "RUNNING" else "no surgery"
-        message = f"step retry: helper allocation {job.job_id} ({job.name}) cancelled: {why}"
-        self.store.add_event("step_retry_orphan", message, now, cause=why)
-        log.warning("%s", message)
-        return 1
-
-    def _delete(self, resv: Reservation, now: float) -> int:
-        try:
-            if not self.slurm.delete_reservation(resv.name):
-                return 0
-        except SlurmError as exc:
-            log.warning("step retry: reservation %s: %s (retrying)", resv.name, exc)
-            self._swept_at = float("-inf")
-            return 0
-        message = f"step retry: reservation {resv.name} deleted: no surgery owns it"
-        self.store.add_event("step_retry_orphan", message, now, cause="no surgery")
-        log.warning("%s", message)
-        return 1
 
     # -- the phases -----------------------------------------------------------------
     def _surgery(self, run: StepRetry, now: float) -> int:
@@ -266,7 +198,7 @@ class StepRetryRunner:
             # the resume), and the retry would wait for that job to end.
             if not held:
                 minutes = int(wait // 60) + RESERVATION_SLACK_MIN
-                self.slurm.create_maint_reservation(run.helper_name, [run.spare], minutes, [_me()])
+                self.slurm.create_maint_reservation(run.helper_name, [run.spare], minutes, [me()])
                 held = True
             self.slurm.resume(run.spare)  # leaves the pool, as the replace path does
             self._until_responding(run.spare)
@@ -324,7 +256,7 @@ class StepRetryRunner:
             self.slurm.delete_reservation(run.helper_name)
         except SlurmError as exc:
             log.info("step retry %d: reservation %s kept for now: %s", run.id, run.helper_name, exc)
-            self._swept_at = float("-inf")  # the next pass's sweep deletes it
+            self.orphans.soon()  # the next pass's sweep deletes it
 
     # -- bookkeeping ----------------------------------------------------------------
     def _advanced(self, run: StepRetry, update: dict[str, Any], took: float, now: float) -> None:
@@ -435,12 +367,3 @@ class StepRetryRunner:
 
 def _no_event(*_args: object, **_kwargs: object) -> None:
     """Events of a runner without the service's isolation: logged and counted only."""
-
-
-def _me() -> str:
-    """Who runs this controller: the user the spare's reservation admits (the helper
-    allocation is ours)."""
-    try:
-        return pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        return "root"

@@ -1,9 +1,9 @@
 """The controller's state database: a backend (SQLite or PostgreSQL), its transactions
 and the schema.
 
-Both backends take the same SQL (store_dialect.py translates it for PostgreSQL) and
-the same versioned migrations (store_schema.py). Intent-log writes commit durably on
-both (store_sqlite.py, store_pg.py say how).
+Both backends take the same SQL (store/dialect.py translates it for PostgreSQL) and
+the same versioned migrations (store/schema.py). Intent-log writes commit durably on
+both (store/sqlite.py, store/postgres.py say how).
 """
 
 from __future__ import annotations

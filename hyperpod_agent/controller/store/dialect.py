@@ -3,7 +3,7 @@
 The store's SQL is written once, in the SQLite dialect (``?`` placeholders, SQLite
 column types in the migrations). Most of it is portable as it stands: upserts with
 ``ON CONFLICT``, ``RETURNING``, partial indexes. What is not is translated here for
-PostgreSQL, mechanically, so store_log.py, store_findings.py and store.py hold no
+PostgreSQL, mechanically, so log.py, findings.py and facade.py hold no
 dialect branches:
 
 * placeholders: ``?`` becomes ``%s`` (and a literal ``%`` becomes ``%%``);

@@ -1,5 +1,5 @@
-"""The controller's state: a SQLite or PostgreSQL database (store_db.py), the intent log
-with jobs and events (store_log.py), and here the nodes' reports and faults."""
+"""The controller's state: a SQLite or PostgreSQL database (store/database.py), the intent log
+with jobs and events (store/log.py), and here the nodes' reports and faults."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The intent log and what it accounts for: actions, tracked jobs and events.
 
 Actions and tracked jobs commit durably: they are what makes a crash between "decide"
-and "apply" yield exactly one action (store_sqlite.py, store_pg.py).
+and "apply" yield exactly one action (store/sqlite.py, store/postgres.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The state store on PostgreSQL, through a pool of psycopg connections.
 
-Durability as on SQLite (store_sqlite.py): the intent log (``durable=True``) commits
+Durability as on SQLite (store/sqlite.py): the intent log (``durable=True``) commits
 with ``synchronous_commit=on``, flushed to the server's WAL before the commit returns;
 reports, heartbeats and events commit with ``synchronous_commit=off``, which may lose
 the last commits if the server crashes but never corrupts or half-applies one.

@@ -160,7 +160,7 @@ def test_only_our_own_left_over_helpers_are_cancelled(store: Store) -> None:
     slurm.jobs[41] = ours(41, "hyperpod-expand-99")
     slurm.jobs[42] = theirs(42, "hyperpod-expand-99")
     slurm.jobs[43] = ours(43, "hyperpod-expand-99x")
-    assert steps(store, slurm).cancel_orphans(NOW) == 2
+    assert steps(store, slurm).orphans.sweep(NOW) == 2
     assert [slurm.jobs[i].state for i in (40, 41, 42, 43)] == [
         "CANCELLED",
         "CANCELLED",

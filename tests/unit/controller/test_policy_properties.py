@@ -53,9 +53,11 @@ REASONS = [
     "hyperpod:replace gpu0 xid54 x",
     "hyperpod:hold gpu0 lemon x",
 ]
-CODES = ["xid79", "xid46", "xid54", "xid48", "fs_hung", "link_down", "slurmd_down", "xid13"]
+CODES = [
+    "xid79", "xid46", "xid54", "xid48", "fs_hung", "link_down", "slurmd_down", "xid13", "fs_full"
+]  # fmt: skip
 APP_XIDS = ["xid13", "xid31", "xid43", "xid45", "xid68"]
-ACTIONS = [Action.MONITOR, Action.RESET, Action.REBOOT, Action.REPLACE]
+ACTIONS = [Action.MONITOR, Action.DRAIN, Action.RESET, Action.REBOOT, Action.REPLACE]
 
 
 @st.composite
@@ -81,13 +83,18 @@ def nodes_st(draw: st.DrawFn) -> dict[str, Node]:
 
 
 @st.composite
-def snapshot_st(draw: st.DrawFn, codes: list[str] = CODES, one_fault: bool = False) -> Snapshot:
+def snapshot_st(
+    draw: st.DrawFn,
+    codes: list[str] = CODES,
+    one_fault: bool = False,
+    actions: list[Action] = ACTIONS,
+) -> Snapshot:
     nodes = draw(nodes_st())
     names = sorted(nodes)
     faults = []
     for i, name in enumerate(draw(st.lists(st.sampled_from(names), unique=True))):
         code = draw(st.sampled_from(codes))
-        action = Action.MONITOR if code in APP_XIDS else draw(st.sampled_from(ACTIONS))
+        action = Action.MONITOR if code in APP_XIDS else draw(st.sampled_from(actions))
         first = NOW - draw(st.floats(0, 7200))
         faults.append(
             FaultRow(
@@ -229,3 +236,15 @@ def test_an_application_xid_never_takes_a_node_out(snap: Snapshot, cfg: Controll
             assert a.kind in (Kind.RESUME, Kind.DRAIN), a
             assert not a.params.get("fault_code"), a
         assert a.kind is not Kind.REQUEUE or "fault on" not in a.cause, a
+
+
+@given(snapshot_st(actions=[Action.DRAIN]), CONFIGS)
+def test_a_drain_fault_never_reboots_replaces_or_holds_a_node(
+    snap: Snapshot, cfg: ControllerConfig
+) -> None:
+    """Whatever the node's reason, its repeats and the lemon score, a node whose faults
+    all ask for DRAIN is only drained (or resumed): nothing stronger is ever planned
+    for it but what an admin asked for."""
+    for a in decide(snap, cfg, NOW).actions:
+        if a.node is not None and not a.admin:
+            assert a.kind not in (Kind.REBOOT, Kind.REPLACE, Kind.HOLD), a

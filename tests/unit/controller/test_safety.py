@@ -272,3 +272,44 @@ def test_what_is_not_leaving_does_not_count() -> None:
         d = _one_more_fault(**extra)
         assert not d.incident, extra
         assert [a.node for a in d.actions] == ["a2"], extra
+
+
+def test_a_disk_a_user_filled_never_holds_back_a_real_faults_remedy() -> None:
+    # 10 nodes, one may be out: a3 is already drained for a full disk (drain-only).
+    nodes = part("a", 10)
+    nodes["a3"] = node("a3", flags=DRAINED, reason="hyperpod:drain scratch fs_full 0% free")
+    d = decide(
+        Snapshot(
+            nodes=nodes,
+            health={n: healthy() for n in nodes} | {"a2": faulty(), "a3": faulty()},
+            open_faults=[
+                fault("a2", code="xid79", urgent=True),
+                fault("a3", component="scratch", code="fs_full", action="DRAIN"),
+            ],
+            history=[],
+            started_at=NOW - 3600,
+        ),
+        config(),
+        NOW,
+    )
+    assert not d.incident
+    assert [a.node for a in d.actions] == ["a2"]
+
+
+def test_drain_only_take_outs_are_limited_and_fit_after_real_ones() -> None:
+    nodes = part("a", 10)
+    full = [fault(f"a{i}", component="scratch", code="fs_full", action="DRAIN") for i in (4, 5)]
+    d = decide(
+        Snapshot(
+            nodes=nodes,
+            health={n: healthy() for n in nodes} | {n: faulty() for n in ("a2", "a4", "a5")},
+            open_faults=[fault("a2", code="xid79", urgent=True), *full],
+            history=[],
+            started_at=NOW - 3600,
+        ),
+        config(policy={"shared_cause_min_nodes": 5}),
+        NOW,
+    )
+    # the real fault takes the partition's one slot; the full disks wait (incident)
+    assert [a.node for a in d.actions] == ["a2"]
+    assert d.incident

@@ -240,7 +240,7 @@ def test_helpers_nobody_owns_are_cancelled(store: Store) -> None:
     )
     slurm.jobs[41] = Job(job_id=41, name="hyperpod-expand-99", state="PENDING", uid=ME)
     slurm.jobs[42] = Job(job_id=42, name="someone-else", state="RUNNING")
-    assert runner(store, slurm).cancel_orphans(NOW) == 2
+    assert runner(store, slurm).orphans.sweep(NOW) == 2
     assert [slurm.jobs[i].state for i in (40, 41, 42)] == ["CANCELLED", "CANCELLED", "RUNNING"]
     assert {e.kind for e in store.events()} == {"step_retry_orphan"}
 
@@ -252,7 +252,7 @@ def test_the_helper_of_a_surgery_under_way_is_kept(store: Store) -> None:
         runner(store, slurm, crash_at="absorb").advance(NOW + 1)
     # before the restart, only the sweep runs: the open surgery owns its helper
     store.set_step_phase(1, "expand", NOW + 1)
-    assert runner(store, slurm).cancel_orphans(NOW + 2) == 0
+    assert runner(store, slurm).orphans.sweep(NOW + 2) == 0
     assert slurm.jobs[12].nodes == ("node1", "node3", "node5")
 
 

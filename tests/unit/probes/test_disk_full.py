@@ -1,7 +1,8 @@
 """A full disk, from the probe to the controller's policy: users fill what they can
-write, so a full mount is reported, never a reason to reboot or replace the node, and
-it never counts toward a lemon; a read-only mount or an I/O error keeps its reboot.
-The probe's own file is never one a user made for it."""
+write, so a full mount drains the node (DRAIN) and is never a reason to reboot or
+replace it, however often it fills, and it never counts toward a lemon; a nearly full
+one only warns; a read-only mount or an I/O error keeps its reboot. The probe's own
+file is never one a user made for it."""
 
 from __future__ import annotations
 
@@ -48,16 +49,30 @@ def probe_once(tmp_path: Path, result: IoResult) -> list[tuple[str, Status, Acti
 
 
 @pytest.mark.parametrize(("space", "code"), [(FULL, "fs_full"), (NO_INODES, "fs_inodes_full")])
-def test_a_full_mount_is_a_failure_that_asks_for_no_reboot(space: Space, code: str) -> None:
+def test_a_full_mount_is_a_failure_that_asks_for_a_drain(space: Space, code: str) -> None:
     [finding] = judge_space(MountCheck(path="/scratch"), space)
-    assert (finding.code, finding.status, finding.action) == (code, Status.FAIL, Action.MONITOR)
+    assert (finding.code, finding.status, finding.action) == (code, Status.FAIL, Action.DRAIN)
     assert not finding.urgent
+
+
+def test_the_default_is_a_drain_for_every_mount() -> None:
+    cfg = DiskConfig.model_validate({"mounts": [{"path": "/scratch"}, {"path": "/tmp"}]})
+    assert {m.full_action for m in [*cfg.mounts, *DiskConfig().mounts]} == {Action.DRAIN}
+
+
+@pytest.mark.parametrize(
+    ("space", "code"),
+    [(Space(1000, 80, 1000, 900), "fs_space_low"), (Space(1000, 900, 1000, 80), "fs_inodes_low")],
+)
+def test_a_filling_mount_only_warns(space: Space, code: str) -> None:
+    [finding] = judge_space(MountCheck(path="/scratch"), space)
+    assert (finding.code, finding.status, finding.action) == (code, Status.WARN, Action.MONITOR)
 
 
 @pytest.mark.parametrize("err", [errno.ENOSPC, errno.EDQUOT])
 def test_a_write_refused_for_space_is_full_too(tmp_path: Path, err: int) -> None:
     findings = probe_once(tmp_path, IoResult(write_errno=err, space=ROOMY))
-    assert findings == [("fs_full", Status.FAIL, Action.MONITOR)]
+    assert findings == [("fs_full", Status.FAIL, Action.DRAIN)]
 
 
 @pytest.mark.parametrize(
@@ -104,7 +119,7 @@ def test_a_file_planted_at_the_probe_files_name_is_left_alone(tmp_path: Path) ->
     assert planted.read_text() == "mine\n"
 
 
-# --- the policy: a full disk reported, never acted on, never a lemon ----------------------
+# --- the policy: a full disk drained, never rebooted or replaced, never a lemon --------------
 
 
 def row(code: str, action: str, first_seen: float, fid: int, component: str) -> FaultRow:
@@ -114,10 +129,15 @@ def row(code: str, action: str, first_seen: float, fid: int, component: str) -> 
     )  # fmt: skip
 
 
-def plan(open_faults: list[FaultRow], history: list[FaultRow]) -> list[tuple[str, str]]:
+def plan(
+    open_faults: list[FaultRow], history: list[FaultRow], node2: Node | None = None
+) -> list[tuple[str, str]]:
     nodes = {f"node{i}": Node(f"node{i}", "IDLE", partitions=("main",)) for i in range(1, 11)}
+    if node2 is not None:
+        nodes["node2"] = node2
     health = {n: NodeHealth(Verdict.HEALTHY, NOW - 1, NOW - 1) for n in nodes}
-    health["node2"] = NodeHealth(Verdict.FAULTY, NOW - 1, NOW - 1)
+    if open_faults:
+        health["node2"] = NodeHealth(Verdict.FAULTY, NOW - 1, NOW - 1)
     snap = Snapshot(
         nodes=nodes,
         health=health,
@@ -134,9 +154,19 @@ def full_disk(fid: int, first_seen: float, code: str = "fs_full") -> FaultRow:
     return row(code, finding.action.value, first_seen, fid, "scratch")  # as the store has it
 
 
-def test_a_full_disk_takes_no_action_however_often_it_fills() -> None:
+DRAINED = "hyperpod:drain scratch fs_full 0.5% space free"
+
+
+def test_a_full_disk_drains_the_node_however_often_it_fills() -> None:
     history = [full_disk(i, NOW - 3600 * i) for i in range(1, 8)]  # filled again and again
-    assert plan([full_disk(100, NOW - 60)], history) == []
+    assert plan([full_disk(100, NOW - 60)], history) == [("drain", DRAINED)]
+
+
+def test_a_node_drained_for_a_full_disk_stays_out_while_full_and_comes_back_once_emptied() -> None:
+    out = Node("node2", "IDLE", flags=frozenset({"DRAIN"}), reason=DRAINED, partitions=("main",))
+    history = [full_disk(i, NOW - 3600 * i) for i in range(1, 8)]
+    assert plan([full_disk(100, NOW - 7200)], history, out) == []  # no reboot, ever
+    assert plan([], history, out) == [("resume", "")]
 
 
 def test_a_full_disk_never_makes_a_lemon_of_a_node() -> None:
@@ -147,6 +177,13 @@ def test_a_full_disk_never_makes_a_lemon_of_a_node() -> None:
     # what does make a lemon still does
     repeats = [row("xid13", "MONITOR", NOW - 86400 * d, 300 + d, "gpu3") for d in (1, 2, 3, 4)]
     assert [k for k, _ in plan([xid], repeats)] == ["hold"]
+
+
+def test_a_full_tmpfs_set_to_reboot_still_never_makes_a_lemon() -> None:
+    """The space codes are exempt whatever a site made them ask for."""
+    filled = [row("fs_full", "REBOOT", NOW - 3600 * i, i, "scratch") for i in range(1, 6)]
+    xid = row("xid79", "REBOOT", NOW - 60, 200, "gpu3")
+    assert [k for k, _ in plan([xid], filled)] == ["reboot"]
 
 
 def test_the_lemon_exemption_names_the_disk_probes_space_codes() -> None:

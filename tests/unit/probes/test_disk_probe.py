@@ -97,7 +97,7 @@ def test_judge_space_inodes_and_zero_totals() -> None:
         ("fs_inodes_low", Status.WARN, Action.MONITOR)
     ]
     full = judge_space(check, Space(1000, 1000, 100, 2))
-    assert full[0].code == "fs_inodes_full" and full[0].action is Action.MONITOR
+    assert full[0].code == "fs_inodes_full" and full[0].action is Action.DRAIN
     assert "2.0% inodes free" in full[0].message
     assert judge_space(check, Space(0, 0, 0, 0)) == []
 
