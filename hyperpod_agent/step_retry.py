@@ -16,10 +16,15 @@ helper (plugstack ``step_helper=``); it can be called directly as well. It
   ``SLURM_NNODES`` and ``SLURM_JOB_NUM_NODES`` and runs the same srun again;
   REQUEUE and FAIL end with srun's exit code.
 
-No policy lives here: the controller decides. Whatever goes wrong in the conversation
-(no controller, a malformed answer, a surgery that outlives ``--wait-s``), the step
-fails as plain srun would, with srun's exit code and a message saying why. Every
-request and every wait is bounded.
+No policy lives here: the controller decides, and it trusts nothing of what the helper
+says but the exit code, the attempt and a cancellation: the step's nodes and start are
+what Slurm says, the budget is the job's own opt-in (the helper still sends its node
+list, start and ``--auto-resume`` value, which older controllers read). A controller
+that has not seen the job yet (it reads Slurm every pass) answers 404: the watch and
+the request are tried again meanwhile. Whatever goes wrong in the conversation (no
+controller, a malformed answer, a surgery that outlives ``--wait-s``), the step fails
+as plain srun would, with srun's exit code and a message saying why. Every request and
+every wait is bounded.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ MAX_BUDGET = 1000
 # srun prints slurmstepd's line when the step is cancelled (scancel J.S, or srun ended).
 CANCELLED_MARK = b" CANCELLED AT "
 TERM_GRACE_S = 30.0  # srun ended with SIGTERM gets this long before SIGKILL
+PASSING = (502, 503, 504)  # a controller restarting, or a standby taking over
 
 
 class UsageError(HyperpodError):
@@ -156,6 +162,8 @@ class StepRetry:
         code = child.wait()
         stop.set()
         copier.join(10)
+        if not copier.is_alive():  # else a process srun left holds the pipe: leave it
+            child.stderr.close()
         watcher.join(10)
         self._child = None
         launch.code = _exit_code(code)
@@ -172,6 +180,7 @@ class StepRetry:
     ) -> None:
         """Renew the watch until srun ends; end srun when told to."""
         every, warned, ended_at = 0.0, False, 0.0  # the first watch at once
+        began = time.monotonic()
         while not stop.wait(every):
             if launch.ended_by_us:
                 if time.monotonic() - ended_at > TERM_GRACE_S:
@@ -184,6 +193,15 @@ class StepRetry:
                 )
                 end, cause = bool(answer["end"]), str(answer.get("cause", ""))
                 every = min(max(float(answer.get("renew_every_s", 2.0)), 0.5), 30.0)
+            except ControllerError as exc:
+                if exc.status == 404 and time.monotonic() - began < self.reach_s:
+                    every = 1.0  # a job that just started: the controller's next pass sees it
+                    continue
+                if not warned:
+                    self.say(f"cannot watch the step with the controller ({exc}); it runs on")
+                warned = True
+                every = 5.0
+                continue
             except (HyperpodError, KeyError, TypeError, ValueError) as exc:
                 if not warned:
                     self.say(f"cannot reach the controller to watch the step ({exc}); it runs on")
@@ -212,7 +230,8 @@ class StepRetry:
                     self.budget,
                     cancelled,
                     launch.started_at,
-                )
+                ),
+                also=(404,),  # a job the controller has not seen yet
             )
             deadline = time.monotonic() + self.wait_s
             while _valid(out) and out["decision"] == "RETRYSTEP" and not out["done"]:
@@ -252,21 +271,25 @@ class StepRetry:
             time.sleep(pause)
         return nodes, nnodes, str(out.get("rdzv_host") or _first(nodes))
 
-    def _reach(self, request: Callable[[], Any]) -> Any:
+    def _reach(self, request: Callable[[], Any], also: tuple[int, ...] = ()) -> Any:
         """``request()``, sent again while no controller can be reached (one restarting,
-        a standby taking over), for at most ``reach_s``. Both requests are safe to
-        repeat: the same failed attempt always finds the same surgery."""
+        a standby taking over) or it answers one of the statuses ``also``, for at most
+        ``reach_s``. Both requests are safe to repeat: the same failed attempt always
+        finds the same surgery."""
         deadline = time.monotonic() + self.reach_s
         said = False
         while True:
             try:
                 return request()
             except (ControllerUnreachable, ControllerError) as exc:
-                passing = isinstance(exc, ControllerUnreachable) or exc.status in (502, 503, 504)
+                passing = isinstance(exc, ControllerUnreachable) or exc.status in PASSING + also
                 if not passing or time.monotonic() >= deadline:
                     raise
                 if not said:
-                    self.say(f"no controller answers ({exc}); trying for {self.reach_s:g} s")
+                    what = "no controller answers"
+                    if isinstance(exc, ControllerError) and exc.status in also:
+                        what = "the controller does not know the job yet"
+                    self.say(f"{what} ({exc}); trying for {self.reach_s:g} s")
                     said = True
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
 

@@ -139,12 +139,23 @@ def status_text(s: dict[str, Any], now: datetime) -> str:
             ("dry run", bool(s.get("dry_run"))),
             ("last pass", f"{timestamp(last)} ({age(last, now)} ago)" if last else "never"),
             *leading,
+            *_degraded(s.get("degraded")),
         ]
     )
     controllers = s.get("controllers")
     if not isinstance(controllers, list) or not controllers:
         return text
     return text + "\n\n" + _controllers_table(controllers)
+
+
+def _degraded(items: Any) -> list[tuple[str, Any]]:
+    """The items every pass skips, since they kept failing (see ``hyperpod events``)."""
+    if not isinstance(items, list) or not items:
+        return []
+    shown = ", ".join(str(i) for i in items[:5]) + (
+        f" (+{len(items) - 5} more)" if len(items) > 5 else ""
+    )
+    return [("DEGRADED", f"{len(items)} item(s) skipped every pass: {shown}")]
 
 
 def _controllers_table(rows: Sequence[dict[str, Any]]) -> str:

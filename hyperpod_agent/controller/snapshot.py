@@ -116,16 +116,23 @@ def retrying_in_place(snap: Snapshot, now: float) -> set[int]:
     was told to end (and its next launch has not renewed the watch yet). No rank of
     theirs advances meanwhile, by design."""
     jobs = set(snap.step_retries)
+    live = _running(snap)
     jobs |= {
         j
         for j, end_at in snap.watched_jobs.items()
-        if end_at is not None and now - end_at < WATCH_GRACE_S
+        if end_at is not None and now - end_at < WATCH_GRACE_S and j in live
     }
     return jobs
 
 
 def left_to_step_retry(snap: Snapshot, now: float) -> set[int]:
     """Jobs whose node faults the policy leaves alone: retrying in place, or a watched
-    step still running that will ask for its retry if a fault ends it."""
-    running = {j for j, end_at in snap.watched_jobs.items() if end_at is None}
-    return retrying_in_place(snap, now) | running
+    step still running that will ask for its retry if a fault ends it. A watch shields
+    only a job Slurm shows running: once it ended, its nodes may hold other users' jobs."""
+    live = _running(snap)
+    watched = {j for j, end_at in snap.watched_jobs.items() if end_at is None and j in live}
+    return retrying_in_place(snap, now) | watched
+
+
+def _running(snap: Snapshot) -> set[int]:
+    return {j.job_id for j in snap.jobs if j.state.upper() == "RUNNING"}

@@ -1,10 +1,13 @@
 """The controller's HTTP API (FastAPI under ``/v1``, served by uvicorn).
 
 ``api_guard.Guard`` in front of the app limits header and body size, authenticates
-and refuses what is not strict JSON. Every error, including FastAPI's own validation
-errors and 404/405, is ``{"error": {"code", "message", "details"}}`` with a code from
-``api_models.ERROR_CODES``, and every refusal is counted and logged through
-``api_rejections.Rejections``.
+and refuses what is not strict JSON. Every route then checks who asks before anything
+else: a route dependency, on the identity and the raw JSON (dictionary lookups), runs
+before FastAPI validates the body, and before any store query or Slurm read.
+
+Every error, including FastAPI's own validation errors and 404/405, is
+``{"error": {"code", "message", "details"}}`` with a code from ``api_models.ERROR_CODES``,
+and every refusal is counted and logged through ``api_rejections.Rejections``.
 """
 
 from __future__ import annotations
@@ -13,51 +16,52 @@ import logging
 from collections import Counter
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
-from fastapi import Path as FastApiPath
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hyperpod_agent.auth.config import AuthError, Identity, describe, require_node
+from hyperpod_agent.auth.config import AuthError, Identity, require_node
 from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.api import views
+from hyperpod_agent.controller.api.callers import (
+    ERRORS,
+    admin_only,
+    identity_of,
+    node_itself,
+)
 from hyperpod_agent.controller.api.checks import add_check_routes
-from hyperpod_agent.controller.api.guard import Guard, error_response, validation_message
+from hyperpod_agent.controller.api.guard import (
+    Guard,
+    error_response,
+    validation_message,
+)
+from hyperpod_agent.controller.api.jobs import add_job_routes
 from hyperpod_agent.controller.api.models import (
     ERROR_CODES,
     Accepted,
     ActionAccepted,
     AdminActionIn,
-    ErrorOut,
     EventOut,
     HeartbeatIn,
-    JobDetail,
-    JobEndedIn,
-    JobEndedOut,
-    JobOut,
     NodeDetail,
     NodeOut,
     Status,
 )
 from hyperpod_agent.controller.api.rejections import Rejections, caller
-from hyperpod_agent.controller.api.steps import add_step_routes, job_step_fields
+from hyperpod_agent.controller.api.steps import add_step_routes
 from hyperpod_agent.controller.ingest import Heartbeat, Rejected
 from hyperpod_agent.controller.providers.base import ProviderError
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.snapshot import Kind
 from hyperpod_agent.controller.store.lease import Lease, LeaseLost
-from hyperpod_agent.controller.store.rows import NodeRow, TrackedJob
+from hyperpod_agent.controller.store.rows import NodeRow
 from hyperpod_agent.health import NodeReport
 from hyperpod_agent.reasons import Verb, format_reason
 
 log = logging.getLogger(__name__)
-MAX_INT64 = 2**63 - 1  # SQLite's INTEGER
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut} for status in sorted(set(ERROR_CODES.values()))
-}
 HTTP_CODES = {
     400: "malformed_json",
     404: "not_found",
@@ -66,13 +70,6 @@ HTTP_CODES = {
     415: "unsupported_media_type",
     422: "invalid",
 }
-
-
-def _identity(request: Request) -> Identity:
-    identity = getattr(request.state, "identity", None)
-    if not isinstance(identity, Identity):
-        raise AuthError("not authenticated", 401)
-    return identity
 
 
 def create_app(
@@ -119,15 +116,25 @@ def create_app(
     def _own(request: Request, node: str) -> None:
         # Only the node itself may report its state, admins included: an admin who
         # wants a node out drains it through the actions endpoint, with a reason.
-        require_node(_identity(request), node)
+        require_node(identity_of(request), node)
 
-    @app.post("/v1/reports", response_model=Accepted, responses=ERRORS)
+    @app.post(
+        "/v1/reports",
+        response_model=Accepted,
+        responses=ERRORS,
+        dependencies=[Depends(node_itself)],
+    )
     def post_report(report: NodeReport, request: Request) -> Accepted:
         """Full node state from an agent (on change)."""
         _own(request, report.node)
         return Accepted(open_faults=controller.ingest_report(report))
 
-    @app.post("/v1/heartbeats", response_model=Accepted, responses=ERRORS)
+    @app.post(
+        "/v1/heartbeats",
+        response_model=Accepted,
+        responses=ERRORS,
+        dependencies=[Depends(node_itself)],
+    )
     async def post_heartbeat(beat: HeartbeatIn, request: Request) -> Accepted:
         """A small liveness message between reports."""
         _own(request, beat.node)
@@ -140,8 +147,11 @@ def create_app(
     def healthz() -> dict[str, Any]:
         """Liveness of the controller itself (no authentication): which controller this
         is and whether it leads, so a client holding several URLs can show each."""
+        degraded = controller.isolation.quarantined()
         return {
-            "ok": True,
+            "ok": True,  # alive; "status" says whether every item is handled
+            "status": "degraded" if degraded else "ok",
+            "degraded": degraded,
             "controller": controller.config.controller_id(),
             "role": controller.role(),
             "last_pass_at": views.ts(controller.last_pass_at),
@@ -150,7 +160,7 @@ def create_app(
 
     @app.get("/v1/status", response_model=Status, responses=ERRORS)
     def status(request: Request) -> Status:
-        _identity(request)
+        identity_of(request)
         nodes = controller.nodes
         rows = controller.store.node_rows()
         verdicts = Counter(rows[n].verdict or "unknown" if n in rows else "unknown" for n in nodes)
@@ -169,6 +179,7 @@ def create_app(
             leader_since=views.ts(since),
             this_controller=controller.config.controller_id(),
             role=controller.role(),  # type: ignore[arg-type]
+            degraded=controller.isolation.quarantined(),
         )
 
     def _node_out(
@@ -197,7 +208,7 @@ def create_app(
 
     @app.get("/v1/nodes", response_model=list[NodeOut], responses=ERRORS)
     def nodes(request: Request) -> list[NodeOut]:
-        _identity(request)
+        identity_of(request)
         rows = controller.store.node_rows()
         faults = Counter(f.node for f in controller.store.open_faults())
         names = sorted(set(controller.nodes) | set(rows))
@@ -205,7 +216,7 @@ def create_app(
 
     @app.get("/v1/nodes/{name}", response_model=NodeDetail, responses=ERRORS)
     def node(name: str, request: Request) -> NodeOut:
-        _identity(request)
+        identity_of(request)
         row = controller.store.node_row(name)
         if name not in controller.nodes and row is None:
             raise StarletteHTTPException(404, f"node {name!r} is not known")
@@ -222,76 +233,7 @@ def create_app(
             report=row.report_dict() if row else None,
         )
 
-    def _job_out(
-        t: TrackedJob, cls: type[JobOut] = JobOut, history: bool = False, **extra: Any
-    ) -> JobOut:
-        job = next((j for j in controller.jobs if j.job_id == t.job_id), None)
-        return cls(
-            **job_step_fields(controller, t.job_id, history),
-            job_id=t.job_id,
-            state=job.state if job else None,
-            nodes=list(job.nodes) if job else [],
-            restart_count=job.restart_count if job else None,
-            cap=t.cap,
-            attempts=t.attempts,
-            last_cause=t.last_cause,
-            tracking=t.state,
-            last_requeue_at=views.ts(t.last_requeue_at),
-            resumed_from_step=t.resumed_from_step,
-            findings=[
-                views.finding_view(f) for f in controller.store.job_findings(t.job_id, limit=20)
-            ],
-            **extra,
-        )
-
-    @app.get("/v1/jobs", response_model=list[JobOut], responses=ERRORS)
-    def jobs(request: Request) -> list[JobOut]:
-        """Auto-resume jobs the controller tracks, and running jobs it found hung or
-        straggling (tracking ``progress``)."""
-        _identity(request)
-        tracked = controller.store.jobs()
-        running = {j.job_id for j in controller.jobs if j.state.upper() == "RUNNING"}
-        others = sorted(
-            j for j in running - set(tracked) if controller.store.job_findings(j, limit=1)
-        )
-        retried = [j for j in controller.store.step_retry_jobs() if j not in tracked]
-        return [
-            *(_job_out(t) for t in tracked.values()),
-            *(_job_out(TrackedJob(j, 0, state="progress")) for j in others if j not in retried),
-            *(_job_out(TrackedJob(j, 0, state="step-retry")) for j in retried),
-        ]
-
-    @app.get("/v1/jobs/{job_id}", response_model=JobDetail, responses=ERRORS)
-    def job(request: Request, job_id: int = FastApiPath(ge=1, le=MAX_INT64)) -> JobOut:
-        _identity(request)
-        tracked = controller.store.job(job_id)
-        if tracked is None and controller.store.job_step_retries(job_id, limit=1):
-            tracked = TrackedJob(job_id, 0, state="step-retry")
-        if tracked is None:
-            raise StarletteHTTPException(404, f"job {job_id} is not tracked")
-        return _job_out(
-            tracked,
-            JobDetail,
-            history=True,
-            events=[views.event_view(e) for e in controller.store.events(job_id=job_id, limit=200)],
-            actions=[views.action_view(a) for a in controller.store.job_actions(job_id)],
-        )
-
-    @app.post("/v1/jobs/{job_id}/ended", response_model=JobEndedOut, responses=ERRORS)
-    def job_ended(
-        request: Request,
-        body: JobEndedIn | None = None,
-        job_id: int = FastApiPath(ge=1, le=MAX_INT64),
-    ) -> JobEndedOut:
-        """EpilogSlurmctld: a job ended; an auto-resume job is looked at at once."""
-        identity = _identity(request)
-        if not identity.is_admin:
-            raise AuthError("admin identity required to report a job's end", 403)
-        controller.require_leader()
-        ended = body or JobEndedIn()
-        who = f"EpilogSlurmctld ({describe(identity)})"
-        tracked = controller.job_ended(job_id, ended.exit_code, ended.state, who)
-        return JobEndedOut(tracked=tracked)
+    add_job_routes(app, controller)
 
     @app.get("/v1/events", response_model=list[EventOut], responses=ERRORS)
     def events(
@@ -305,17 +247,21 @@ def create_app(
         job: int | None = Query(default=None, ge=1, le=2**63 - 1),
         limit: int = Query(default=100, ge=1, le=1000),
     ) -> list[EventOut]:
-        _identity(request)
+        identity_of(request)
         since_id, since_at = views.parse_since(since)
         found = controller.store.events(since_id, node, limit, job_id=job, since_at=since_at)
         return [views.event_view(e) for e in found]
 
     @app.post(
-        "/v1/nodes/{name}/actions", status_code=202, response_model=ActionAccepted, responses=ERRORS
+        "/v1/nodes/{name}/actions",
+        status_code=202,
+        response_model=ActionAccepted,
+        responses=ERRORS,
+        dependencies=[admin_only("for node actions")],
     )
     def admin_action(name: str, body: AdminActionIn, request: Request) -> ActionAccepted:
         """A human asks for drain|resume|reboot|replace; applied by the next pass."""
-        identity = _identity(request)
+        identity = identity_of(request)
         if not identity.is_admin:
             raise AuthError("admin identity required for node actions", 403)
         fence = controller.require_leader()
@@ -327,8 +273,8 @@ def create_app(
             )
         return _submit(controller, name, body, identity, fence)
 
-    add_check_routes(app, controller, _identity, ERRORS)
-    add_step_routes(app, controller, _identity, ERRORS)
+    add_check_routes(app, controller, identity_of, ERRORS, admin_only("for deep checks"))
+    add_step_routes(app, controller, identity_of, ERRORS)
 
     @app.get("/metrics", include_in_schema=False)
     def prom() -> Response:

@@ -72,10 +72,19 @@ def add_check_routes(
     controller: Controller,
     identity: Callable[[Request], Identity],
     errors: dict[int | str, dict[str, Any]],
+    admin: Any,
 ) -> None:
+    """The routes; ``admin`` is the dependency that refuses a caller who is not an admin
+    before the body is validated."""
     ERRORS = errors  # noqa: N806 - the same name the other routes use
 
-    @app.post("/v1/checks", status_code=202, response_model=CheckRunOut, responses=ERRORS)
+    @app.post(
+        "/v1/checks",
+        status_code=202,
+        response_model=CheckRunOut,
+        responses=ERRORS,
+        dependencies=[admin],
+    )
     def post_check(body: CheckIn, request: Request) -> CheckRunOut:
         """Run the deep-check suite on nodes, in a maintenance reservation."""
         who = identity(request)

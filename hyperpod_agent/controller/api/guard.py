@@ -5,7 +5,9 @@ authenticates every ``/v1`` call except ``/v1/healthz`` through ``ServerAuth.ver
 on the raw body, and hands the identity to the routes in ``scope["state"]``. A body
 must then be JSON (415 otherwise) that parses without NaN, Infinity, numbers too long
 to convert or nesting deep enough to exhaust the stack (400 ``malformed_json``), so
-the routes never meet such input. Every error is ``{"error": {"code", "message",
+the routes never meet such input. The parsed JSON goes to the routes as well
+(``raw_json``): a route checks who asks on it (a dictionary lookup) before it
+validates the body or does anything else. Every error is ``{"error": {"code", "message",
 "details"}}``, and every refusal is counted and logged through ``Rejections``.
 """
 
@@ -15,6 +17,7 @@ import json
 import math
 from typing import Any
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -117,10 +120,11 @@ class Guard:
         if checked and not _is_json(headers.get("content-type", "")):
             await refuse(415, "unsupported_media_type", "request body must be application/json")
             return
-        problem = json_problem(body) if checked else None
+        parsed, problem = parse_json(body) if checked else (None, None)
         if problem:
             await refuse(400, "malformed_json", problem)
             return
+        scope.setdefault("state", {})["body_json"] = parsed
         sent = False
 
         async def replay() -> Message:
@@ -156,22 +160,28 @@ def _finite(text: str) -> float:
     return value
 
 
-def json_problem(body: bytes) -> str | None:
-    """Why ``body`` is not JSON the API accepts, or None when it is."""
+def parse_json(body: bytes) -> tuple[Any, str | None]:
+    """``body`` parsed, or why it is not JSON the API accepts."""
     try:
-        json.loads(body, parse_constant=_constant, parse_float=_finite)
+        return json.loads(body, parse_constant=_constant, parse_float=_finite), None
     except RecursionError:
-        return "request body is nested too deeply"
+        return None, "request body is nested too deeply"
     except _NotJson as exc:
-        return str(exc)
+        return None, str(exc)
     except json.JSONDecodeError as exc:
-        return f"request body is not valid JSON: {exc.msg} (line {exc.lineno} column {exc.colno})"
+        where = f"(line {exc.lineno} column {exc.colno})"
+        return None, f"request body is not valid JSON: {exc.msg} {where}"
     except UnicodeDecodeError:
-        return "request body is not valid JSON: not UTF-8 text"
+        return None, "request body is not valid JSON: not UTF-8 text"
     except ValueError:
         # int() refuses integers of more than sys.get_int_max_str_digits() digits.
-        return "request body is not valid JSON: a number in it is too long"
-    return None
+        return None, "request body is not valid JSON: a number in it is too long"
+
+
+def raw_json(request: Request) -> Any:
+    """The request's body as the Guard parsed it (None without a body): for checks of
+    who asks that must come before the body is validated."""
+    return getattr(request.state, "body_json", None)
 
 
 def validation_message(errors: list[Any]) -> tuple[str, str, list[dict[str, Any]]]:

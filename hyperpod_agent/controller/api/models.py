@@ -8,9 +8,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hyperpod_agent.errors import SlurmParseError
-from hyperpod_agent.slurm.hostlist import expand_hostlist
-
 NODE_PATTERN = r"^[A-Za-z0-9._-]+$"
 NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -115,6 +112,8 @@ class Status(BaseModel):
     leader_since: datetime | None = None
     this_controller: str
     role: Literal["leader", "standby", "single"]
+    # items every pass skips since they kept failing (kind and id): the controller is degraded
+    degraded: list[str] = Field(default_factory=list)
 
 
 class NodeOut(BaseModel):
@@ -257,15 +256,11 @@ class CheckRunOut(BaseModel):
     outcomes: list[CheckOutcomeOut] = Field(default_factory=list)
 
 
-def check_nodelist(value: str) -> str:
-    """``value`` when it is a Slurm node list of valid node names."""
-    try:
-        names = expand_hostlist(value)
-    except SlurmParseError as exc:
-        raise ValueError(f"not a Slurm node list: {value[:60]!r}") from exc
-    if not names or any(not NODE_NAME.match(n) for n in names):
-        raise ValueError(f"not a Slurm node list: {value[:60]!r}")
-    return value
+# What a step's helper may still send for compatibility and the controller ignores: the
+# step's nodes, its start and its budget are Slurm's and the job's own (docs/auto-resume.md).
+# Checked for shape only, without expanding the list: nothing is worked out of a field
+# before the controller knows the caller may ask about the job.
+HOSTLIST_TEXT = r"^[A-Za-z0-9._,\[\]-]*$"
 
 
 class StepFailureIn(BaseModel):
@@ -276,20 +271,20 @@ class StepFailureIn(BaseModel):
     job_id: int = Field(ge=1, le=2**63 - 1)
     step_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._-]+$")
     exit_code: int = Field(ge=0, le=255)
-    nodelist: str = Field(
-        min_length=1, max_length=65536, description="the step's nodes (SLURM_STEP_NODELIST)"
-    )
     attempt: int = Field(ge=1, le=1000, description="the attempt that failed; 1 = first launch")
-    auto_resume: int = Field(ge=0, le=1000, description="--auto-resume=N (0: not given)")
     cancelled: bool = False
-    started_at: datetime | None = Field(
-        default=None, description="when the failed launch began: older faults are not its"
+    nodelist: str = Field(
+        default="",
+        max_length=65536,
+        pattern=HOSTLIST_TEXT,
+        description="ignored: the step's nodes are what Slurm said when its watch began",
     )
-
-    @field_validator("nodelist")
-    @classmethod
-    def _hostlist(cls, value: str) -> str:
-        return check_nodelist(value)
+    auto_resume: int = Field(
+        default=0, ge=0, le=1000, description="ignored: the budget is the job's own opt-in"
+    )
+    started_at: datetime | None = Field(
+        default=None, description="ignored: the step's start is its job's, as Slurm says"
+    )
 
 
 class StepWatchIn(BaseModel):
@@ -301,15 +296,15 @@ class StepWatchIn(BaseModel):
     job_id: int = Field(ge=1, le=2**63 - 1)
     step_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._-]+$")
     attempt: int = Field(ge=1, le=1000, description="this launch of the step; 1 = first")
-    nodelist: str = Field(min_length=1, max_length=65536, description="the job's nodes now")
-    started_at: datetime | None = Field(
-        default=None, description="when this launch began: faults older than it do not end it"
+    nodelist: str = Field(
+        default="",
+        max_length=65536,
+        pattern=HOSTLIST_TEXT,
+        description="ignored: the job's nodes are read from Slurm when the watch begins",
     )
-
-    @field_validator("nodelist")
-    @classmethod
-    def _hostlist(cls, value: str) -> str:
-        return check_nodelist(value)
+    started_at: datetime | None = Field(
+        default=None, description="ignored: the step's start is its job's, as Slurm says"
+    )
 
 
 class StepWatchOut(BaseModel):

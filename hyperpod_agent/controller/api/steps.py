@@ -1,29 +1,38 @@
-"""Step retry inside the allocation: ``POST /v1/steps/retry``, ``GET /v1/steps/retry/{id}``.
+"""Step retry inside the allocation: ``POST /v1/steps/retry``, ``POST /v1/steps/watch``,
+``GET /v1/steps/retry/{id}``.
 
-The caller is the failed step (the ``hyperpod step-retry`` helper around srun): it may
-ask only about its own job, an admin about any. The answer comes at once; RETRYSTEP
-starts a surgery (stepretry_run.py) that the helper polls until ``done``.
+The caller is a running or failed step (the ``hyperpod step-retry`` helper around
+srun): it may ask only about its own job, an admin about any. Who asks is checked
+first, against the last pass's view of the job (a dictionary lookup); nothing else is
+done for a caller who may not ask, and Slurm is read only for one who may, at most
+once per ``FRESH_S`` whoever asks. What the helper says of its step's nodes, its start
+or its budget is not used: the nodes and the start are what Slurm said of the job when
+the controller began to watch the step, the budget is the job's own opt-in and its
+retries are counted per job. RETRYSTEP starts a surgery (stepretry/run.py) that the
+helper polls until ``done``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import Depends, FastAPI, Request, Response
 from fastapi import Path as FastApiPath
 
 from hyperpod_agent.auth.config import AuthError, Identity, describe
 from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller.api.guard import raw_json
 from hyperpod_agent.controller.api.models import (
     StepFailureIn,
     StepRetryOut,
     StepWatchIn,
     StepWatchOut,
 )
+from hyperpod_agent.controller.api.slurm_view import SlurmReads, may_ask, started
 from hyperpod_agent.controller.api.views import at, step_retry_view
 from hyperpod_agent.controller.ingest import Rejected
-from hyperpod_agent.controller.snapshot import Snapshot
+from hyperpod_agent.controller.snapshot import WATCH_GRACE_S, Snapshot
 from hyperpod_agent.controller.stepretry.plan import (
     Outcome,
     StepFailure,
@@ -34,10 +43,8 @@ from hyperpod_agent.controller.stepretry.plan import (
     decide_step,
 )
 from hyperpod_agent.controller.store.rows import EventIn
-from hyperpod_agent.controller.store.steps import StepRetry
-from hyperpod_agent.errors import SlurmError
-from hyperpod_agent.slurm.hostlist import expand_hostlist
-from hyperpod_agent.slurm.models import Job
+from hyperpod_agent.controller.store.steps import StepRetry, StepWatch
+from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 
 if TYPE_CHECKING:
     from hyperpod_agent.controller.service import Controller
@@ -47,41 +54,186 @@ MAX_ID = 2**63 - 1
 # longer waits for its step's retry.
 WATCH_RENEW_S = 1.0
 WATCH_TTL_S = 10.0
+# Steps of one job watched at once (its concurrent srun --auto-resume); more is a flood.
+MAX_WATCHES = 16
+# States of a job that runs no step any more (COMPLETING: its epilog runs).
+GONE = ENDED_STATES | {"COMPLETING"}
 
 
-def may_ask(who: Identity, job: Job) -> None:
-    """A job's own step may ask about it: an admin; a node's credential on one of the
-    job's nodes; a user's (MUNGE) credential of the job's owner."""
-    if who.is_admin:
-        return
-    if who.node is not None and who.node in job.nodes:
-        return
-    if who.node is None and who.uid >= 0 and job.uid is not None and who.uid == job.uid:
-        return
-    raise AuthError(f"{describe(who)} may only ask about its own job, not {job.job_id}", 403)
+def _gone(job_id: int, state: str) -> Rejected:
+    return Rejected(
+        404, "not_found", f"job {job_id} is {state}, not running: no step of it to watch or retry"
+    )
 
 
-def _job(controller: Controller, job_id: int, fresh: bool) -> Job:
-    """Slurm's view of the job: read now for a decision, the last pass's for a poll."""
-    jobs = controller.jobs
-    if fresh or all(j.job_id != job_id for j in jobs):
-        try:
-            jobs = controller.slurm.list_jobs()
-        except SlurmError as exc:
-            raise Rejected(503, "slurm_unavailable", f"cannot read Slurm: {exc}") from exc
-    job = next((j for j in jobs if j.job_id == job_id), None)
-    if job is None:
-        raise Rejected(404, "not_found", f"job {job_id} is not in Slurm's view")
-    return job
+class Steps:
+    """The step routes' work, each part after the caller was found allowed."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.slurm = SlurmReads(controller)
+
+    def caller_job(self, who: Identity, job_id: int) -> Job:
+        """The job as the last pass saw it, once ``who`` may ask about it."""
+        job = self.slurm.view(job_id)
+        if job is None:
+            raise Rejected(
+                404,
+                "not_found",
+                f"job {job_id} is not in the controller's view of Slurm (a job that has "
+                "just started is, after the next pass)",
+            )
+        may_ask(who, job)
+        return job
+
+    def _surgery_at(self, job_id: int) -> float:
+        """When the job's newest surgery last changed it: a read older than that may
+        still show the node it took out."""
+        runs = self.controller.store.job_step_retries(job_id, limit=1)
+        return runs[0].updated_at if runs else 0.0
+
+    def _fresh(self, job_id: int) -> tuple[Mapping[str, Node], dict[int, Job], Job]:
+        """Slurm now (a shared read) and the job in it, which must run: an ended or
+        requeued job runs no step (its helper is gone with it), and its watches go."""
+        nodes, jobs = self.slurm.read(self._surgery_at(job_id))
+        job = jobs.get(job_id)
+        if job is None or job.state.upper() != "RUNNING":
+            self.controller.store.unwatch_job(job_id)
+            raise _gone(job_id, job.state if job is not None else "gone from Slurm")
+        return nodes, jobs, job
+
+    # -- POST /v1/steps/retry ---------------------------------------------------------
+    def retry(self, who: Identity, body: StepFailureIn) -> StepRetryOut:
+        c = self.controller
+        seen = self.caller_job(who, body.job_id)
+        c.require_leader()  # a standby neither reads Slurm nor starts surgery
+        known = c.store.find_step_retry(body.job_id, body.step_id, body.attempt)
+        if known is not None:  # asked again (a lost answer): the same surgery
+            return step_retry_view(known)
+        if seen.state.upper() in GONE:
+            c.store.unwatch_job(body.job_id)
+            raise _gone(body.job_id, seen.state)
+        nodes, jobs, job = self._fresh(body.job_id)
+        steps_nodes, began = self._step_nodes(job, body.step_id, body.attempt, jobs)
+        failure = StepFailure(
+            job.job_id,
+            body.step_id,
+            body.exit_code,
+            steps_nodes,
+            body.attempt,
+            body.cancelled,
+            began,
+        )
+        return _decide(c, job, failure, describe(who), nodes)
+
+    def _step_nodes(
+        self, job: Job, step_id: str, attempt: int, jobs: Mapping[int, Job]
+    ) -> tuple[tuple[str, ...], float]:
+        """The failed step's nodes and its job's start: what its watch recorded from
+        Slurm, when that watch was of this launch of this run of the job and renewed
+        lately; else the job's nodes now. A recorded node another job holds now is not
+        this step's to blame."""
+        began = started(job)
+        row = self.controller.store.step_watch(job.job_id, step_id)
+        now = self.controller.clock()
+        if (
+            row is None
+            or row.attempt != attempt
+            or row.began != began
+            or not row.nodes
+            or now > row.expires_at + WATCH_GRACE_S
+        ):
+            return job.nodes, began
+        held = {
+            n
+            for j in jobs.values()
+            if j.job_id != job.job_id and j.state.upper() not in ENDED_STATES
+            for n in j.nodes
+        }
+        return tuple(n for n in row.nodes if n in job.nodes or n not in held), began
+
+    # -- POST /v1/steps/watch ---------------------------------------------------------
+    def watch(self, who: Identity, body: StepWatchIn) -> StepWatchOut:
+        c = self.controller
+        seen = self.caller_job(who, body.job_id)
+        c.require_leader()
+        store, now = c.store, c.clock()
+        row = store.step_watch(body.job_id, body.step_id)
+        live = row is not None and row.expires_at > now
+        if row is None or not live or row.attempt != body.attempt or not row.created_at:
+            row = self._begin(body, now, live)
+        elif self.slurm.view_since(row.created_at) and seen.state.upper() != "RUNNING":
+            store.unwatch_job(body.job_id)  # a watch never outlives its job
+            raise _gone(body.job_id, seen.state)
+        return self._renew(row, seen, describe(who), now)
+
+    def _begin(self, body: StepWatchIn, now: float, live: bool) -> StepWatch:
+        """A new launch: its job's nodes and start, read from Slurm now."""
+        store = self.controller.store
+        if store.live_watches(body.job_id, now) - int(live) >= MAX_WATCHES:
+            raise Rejected(
+                409, "busy", f"job {body.job_id} has {MAX_WATCHES} steps under watch already"
+            )
+        _, _, job = self._fresh(body.job_id)
+        began = started(job)
+        store.start_watch(
+            job.job_id, body.step_id, body.attempt, job.nodes, began, now, WATCH_TTL_S
+        )
+        return StepWatch(job.job_id, body.step_id, body.attempt, now, None, job.nodes, began, now)
+
+    def _renew(self, row: StepWatch, job: Job, who: str, now: float) -> StepWatchOut:
+        """Renew the watch; tell the step to end when one of its nodes has a serious
+        fault first reported since its job started. Only faults: the pass's view of a
+        node (out under our reason, not responding) may be older than a resume, and a
+        dead node ends srun by itself. The end is dated by the fault's first report, so
+        however often a step is watched anew, its job is left to the step retry for at
+        most WATCH_GRACE_S after that."""
+        c = self.controller
+        store = c.store
+        nodes = set(row.nodes)
+        fresh = [f for f in store.open_faults() if f.node in nodes and f.first_seen >= row.began]
+        snap = Snapshot(nodes={}, jobs=[job], open_faults=fresh)
+        since = now - c.config.auto_resume.fault_window_s  # open faults only here
+        found = [hit for n in row.nodes if (hit := attributable(n, snap, since))]
+        first = max((f.first_seen for _, f in found if f is not None), default=None)
+        _, told = store.renew_watch(
+            row.job_id, row.step_id, now, WATCH_TTL_S, None if first is None else min(first, now)
+        )
+        cause = "; ".join(why for why, _ in found)
+        if told:
+            message = (
+                f"step {row.step_id} of job {row.job_id} (attempt {row.attempt}) told to end "
+                f"now, watched by {who}: {cause}"
+            )
+            store.add_event("step_end", message, now, job_id=row.job_id, cause=cause)
+        return StepWatchOut(end=bool(found), cause=cause, renew_every_s=WATCH_RENEW_S)
+
+    # -- GET /v1/steps/retry/{id} -----------------------------------------------------
+    def poll(self, who: Identity, retry_id: int) -> StepRetryOut:
+        c = self.controller
+        run = c.store.step_retry(retry_id)
+        if run is None:
+            raise Rejected(404, "not_found", f"no step retry {retry_id}")
+        owner = who.node is None and who.uid >= 0 and who.uid == run.owner_uid
+        if not (who.is_admin or owner):
+            job = self.slurm.view(run.job_id)
+            if job is None:
+                raise AuthError(
+                    f"{describe(who)} may only ask about its own job, not {run.job_id}", 403
+                )
+            may_ask(who, job)
+        return step_retry_view(run, _backoff(c, run))
 
 
-def _decide(controller: Controller, job: Job, failure: StepFailure, who: str) -> StepRetryOut:
+def _decide(
+    controller: Controller,
+    job: Job,
+    failure: StepFailure,
+    who: str,
+    nodes: Mapping[str, Node],
+) -> StepRetryOut:
     """Decide and record, under the pass's plan lock (the policy sees the surgery)."""
     store = controller.store
-    try:
-        nodes = {n.name: n for n in controller.slurm.list_nodes()}
-    except SlurmError as exc:
-        raise Rejected(503, "slurm_unavailable", f"cannot read Slurm: {exc}") from exc
     with controller.plan_lock:
         known = store.find_step_retry(job.job_id, failure.step_id, failure.attempt)
         if known is not None:  # asked again (a lost answer): the same surgery
@@ -97,12 +249,12 @@ def _decide(controller: Controller, job: Job, failure: StepFailure, who: str) ->
             snap,
             controller.config,
             now,
-            store.step_retries_done(job.job_id, failure.step_id),
+            store.step_retries_done(job.job_id),
             store.step_retries_since(now - 60.0),
         )
         metrics.STEP_RETRIES.labels(plan.outcome.value).inc()
         if plan.outcome is Outcome.RETRYSTEP:
-            budget = budget_of(failure, job, snap, controller.config.auto_resume.default_attempts)
+            budget = budget_of(job, snap, controller.config.auto_resume.default_attempts)
             return _start(controller, job, failure, plan, budget, who, now)
     message = (
         f"step {failure.step_id} of job {job.job_id} (attempt {failure.attempt}, exit "
@@ -156,37 +308,12 @@ def _start(
         who,
         now,
         EventIn("step_retry_planned", message, plan.bad_node, job.job_id, plan.cause),
+        owner_uid=job.uid,
     )
     controller.wake.set()
     run = controller.store.step_retry(run_id)
     assert run is not None
     return step_retry_view(run)
-
-
-def _watch(controller: Controller, job: Job, body: StepWatchIn, who: str) -> StepWatchOut:
-    """Renew the step's watch; tell it to end when one of its nodes has a serious fault
-    that appeared since the launch began. Only faults: the pass's view of a node (out
-    under our reason, not responding) may be older than a resume, and a dead node ends
-    srun by itself. The step's own node list decides (the pass's view of the job may
-    still hold a node a surgery just took out), within the job's nodes."""
-    store = controller.store
-    now = controller.clock()
-    nodes = [n for n in expand_hostlist(body.nodelist) if n in job.nodes]
-    began = body.started_at.timestamp() if body.started_at is not None else 0.0
-    fresh = [f for f in store.open_faults() if f.first_seen >= began]
-    snap = Snapshot(nodes={}, jobs=[job], open_faults=fresh)
-    since = now - controller.config.auto_resume.fault_window_s  # open faults only here
-    causes = [found[0] for n in nodes if (found := attributable(n, snap, since))]
-    end = bool(causes) and job.state.upper() == "RUNNING"
-    cause = "; ".join(causes) if end else ""
-    end_at = store.watch_step(job.job_id, body.step_id, body.attempt, now, WATCH_TTL_S, end=end)
-    if end and end_at == now:
-        message = (
-            f"step {body.step_id} of job {job.job_id} (attempt {body.attempt}) told to end "
-            f"now, watched by {who}: {cause}"
-        )
-        store.add_event("step_end", message, now, job_id=job.job_id, cause=cause)
-    return StepWatchOut(end=end, cause=cause, renew_every_s=WATCH_RENEW_S)
 
 
 def _backoff(controller: Controller, run: StepRetry) -> float:
@@ -220,51 +347,48 @@ def add_step_routes(
     controller: Controller,
     identity: Callable[[Request], Identity],
     errors: dict[int | str, dict[str, Any]],
-) -> None:
+) -> Steps:
     ERRORS = errors  # noqa: N806 - the same name the other routes use
+    steps = Steps(controller)
 
-    @app.post("/v1/steps/retry", response_model=StepRetryOut, responses=ERRORS)
+    async def own_job(request: Request) -> None:
+        """Before the body is validated: a caller who names a job that is not theirs is
+        refused on the raw JSON (the handler checks the validated body again)."""
+        raw = raw_json(request)
+        job_id = raw.get("job_id") if isinstance(raw, dict) else None
+        if isinstance(job_id, int) and not isinstance(job_id, bool):
+            steps.caller_job(identity(request), job_id)
+
+    @app.post(
+        "/v1/steps/retry",
+        response_model=StepRetryOut,
+        responses=ERRORS,
+        dependencies=[Depends(own_job)],
+    )
     def post_step_retry(body: StepFailureIn, request: Request, response: Response) -> StepRetryOut:
         """A failed ``--auto-resume`` step asks what to do: RETRYSTEP (202, a surgery
         started: poll it), REQUEUE or FAIL (200, final)."""
-        who = identity(request)
-        controller.require_leader()  # a standby neither reads Slurm nor starts surgery
-        job = _job(controller, body.job_id, fresh=True)
-        may_ask(who, job)
-        failure = StepFailure(
-            body.job_id,
-            body.step_id,
-            body.exit_code,
-            tuple(expand_hostlist(body.nodelist)),
-            body.attempt,
-            body.auto_resume,
-            body.cancelled,
-            body.started_at.timestamp() if body.started_at is not None else None,
-        )
-        out = _decide(controller, job, failure, describe(who))
+        out = steps.retry(identity(request), body)
         response.status_code = 202 if out.decision == "RETRYSTEP" and not out.done else 200
         return out
 
-    @app.post("/v1/steps/watch", response_model=StepWatchOut, responses=ERRORS)
+    @app.post(
+        "/v1/steps/watch",
+        response_model=StepWatchOut,
+        responses=ERRORS,
+        dependencies=[Depends(own_job)],
+    )
     def post_step_watch(body: StepWatchIn, request: Request) -> StepWatchOut:
         """A running ``--auto-resume`` step under a step-retry helper, renewed every
         ``renew_every_s``: ``end`` when a node of it is faulty (end it now, then ask for
         its retry) rather than wait for the collective to time out."""
-        who = identity(request)
-        controller.require_leader()
-        job = _job(controller, body.job_id, fresh=False)
-        may_ask(who, job)
-        return _watch(controller, job, body, describe(who))
+        return steps.watch(identity(request), body)
 
     @app.get("/v1/steps/retry/{retry_id}", response_model=StepRetryOut, responses=ERRORS)
     def get_step_retry(
         request: Request, retry_id: int = FastApiPath(ge=1, le=MAX_ID)
     ) -> StepRetryOut:
         """A surgery's phase; once ``done``, the new node list or REQUEUE with the cause."""
-        who = identity(request)
-        run = controller.store.step_retry(retry_id)
-        if run is None:
-            raise Rejected(404, "not_found", f"no step retry {retry_id}")
-        if not who.is_admin:
-            may_ask(who, _job(controller, run.job_id, fresh=False))
-        return step_retry_view(run, _backoff(controller, run))
+        return steps.poll(identity(request), retry_id)
+
+    return steps

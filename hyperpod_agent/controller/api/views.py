@@ -1,5 +1,5 @@
-"""The API's views of the controller's store rows (store_rows -> api_models), and the
-parsing of the ``since`` query. Pure conversions, shared by every route in api.py."""
+"""The API's views of the controller's store rows (store/rows.py -> api/models.py), and
+the parsing of the ``since`` query. Pure conversions, shared by every route of the API."""
 
 from __future__ import annotations
 

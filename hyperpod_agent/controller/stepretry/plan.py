@@ -4,21 +4,26 @@ A step of a running job failed. It is launched again in the same job (RETRYSTEP)
 when the failure is a node's: one of the step's nodes has an urgent fault (rank RESET
 or above, as auto-resume counts them) within ``fault_window_s``, is not responding or
 down, or is already out under one of our reasons. And only when a spare can stand in
-for that node: a ready spare in the job's partitions, a job that did not name its
+for that node: a ready spare in the job's own partitions, a job that did not name its
 nodes, an in-place budget left, and room under the cluster's limits. A node fault that
 cannot be mended in place falls back to the job-level requeue (REQUEUE); anything else
 is the application's (FAIL): the step failed on healthy nodes, said "do not restart"
 (exit 93), was cancelled, or the job did not opt in.
+
+Nothing here comes from the step's helper but its exit code, its attempt and whether
+it saw the step cancelled: the step's nodes and start are what Slurm said (api/steps.py),
+the budget is the job's own opt-in (``cap_of``), and the retries it paid for are counted
+per job.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hyperpod_agent.controller import safety
-from hyperpod_agent.controller.autoresume import MAX_CAP, cap_of, required_nodes
+from hyperpod_agent.controller.autoresume import cap_of, required_nodes
 from hyperpod_agent.controller.config import AutoResumeConfig, ControllerConfig
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
@@ -39,16 +44,15 @@ class Outcome(enum.StrEnum):
 
 @dataclass(frozen=True)
 class StepFailure:
-    """What srun reports about the step that failed."""
+    """A step that failed: how it ended (its helper's word), where it ran (Slurm's)."""
 
     job_id: int
     step_id: str
     exit_code: int
-    nodes: tuple[str, ...]  # the step's nodes
+    nodes: tuple[str, ...]  # the step's nodes: Slurm's, when its watch began
     attempt: int  # the attempt that failed, 1 for the first launch
-    budget: int  # --auto-resume=N (0: not given)
     cancelled: bool = False  # the user cancelled the step (scancel)
-    started_at: float | None = None  # when this launch of the step began (epoch)
+    started_at: float | None = None  # when its job started, as Slurm said (epoch)
 
 
 @dataclass(frozen=True)
@@ -63,12 +67,11 @@ class StepPlan:
     keep: tuple[str, ...] = ()  # the job's nodes but the bad one
 
 
-def budget_of(failure: StepFailure, job: Job, snap: Snapshot, default_attempts: int) -> int:
-    """The in-place budget: the step's ``--auto-resume=N``, else the job's; ``1`` is the
-    plain switch, worth ``default_attempts`` as for requeues; 0 when not opted in."""
-    if failure.budget > 0:
-        cap = failure.budget
-        return default_attempts if cap == 1 else min(cap, MAX_CAP)
+def budget_of(job: Job, snap: Snapshot, default_attempts: int) -> int:
+    """The in-place budget: the job's own opt-in, as requeues have it (``admin_comment``
+    from job_submit, or the SPANK plugin's marker reported by an agent of one of the
+    job's nodes); ``1`` is the plain switch, worth ``default_attempts``; 0 when the job
+    did not opt in. Never a number the step's helper sends."""
     return cap_of(job, snap, default_attempts) or 0
 
 
@@ -141,15 +144,13 @@ def decide_step(
 ) -> StepPlan:
     """RETRYSTEP, REQUEUE or FAIL for ``failure`` of ``job``, with a one-line cause.
 
-    ``retries_done``: in-place retries the store counts for the job's step;
+    ``retries_done``: in-place retries the store counts for the job (every step of it);
     ``retries_last_minute``: started cluster-wide within the last minute (they share
     the requeue cap)."""
     ar = config.auto_resume
-    budget = budget_of(failure, job, snap, ar.default_attempts)
+    budget = budget_of(job, snap, ar.default_attempts)
     if not ar.enabled:
         return StepPlan(Outcome.FAIL, "auto-resume is disabled on this cluster")
-    if budget <= 0:
-        return StepPlan(Outcome.FAIL, f"job {job.job_id} did not opt in (--auto-resume)")
     if failure.cancelled:
         return StepPlan(Outcome.FAIL, f"step {failure.step_id} was cancelled")
     if failure.exit_code == DO_NOT_RESTART:
@@ -170,6 +171,10 @@ def decide_step(
             f"step {failure.step_id} failed (exit {failure.exit_code}) on healthy nodes "
             f"{','.join(failure.nodes)}",
         )
+    # Asked after the application's own answers: an srun's opt-in reaches the controller
+    # with its node's next report, which a step failing at once may outrun.
+    if budget <= 0:
+        return StepPlan(Outcome.FAIL, f"job {job.job_id} did not opt in (--auto-resume)")
     what = "; ".join(why for why, _ in found.values())
     if job.state.upper() != "RUNNING":
         return StepPlan(Outcome.REQUEUE, f"{what}; job is {job.state.upper()}, not RUNNING")
@@ -187,7 +192,7 @@ def decide_step(
         cap = ar.max_requeues_per_minute
         return StepPlan(Outcome.REQUEUE, f"{what}; cluster-wide cap ({cap}/min) reached")
     ((bad, (_, fault)),) = found.items()
-    spare = _spare(bad, snap, config, now)
+    spare = _spare(bad, job, snap, config, now)
     if spare.startswith("!"):
         return StepPlan(Outcome.REQUEUE, f"{what}; {spare[1:]}")
     refused = _limits(job, bad, fault, snap, config, now)
@@ -203,16 +208,28 @@ def decide_step(
     )
 
 
-def _spare(bad: str, snap: Snapshot, config: ControllerConfig, now: float) -> str:
-    """A ready spare for ``bad`` (replacement.py's pool), or ``!why`` none is."""
+def job_partitions(job: Job) -> tuple[str, ...]:
+    """The partitions the job runs in, as Slurm names them (a pending job may list several)."""
+    return tuple(sorted({p.strip() for p in job.partition.split(",") if p.strip()}))
+
+
+def _spare(bad: str, job: Job, snap: Snapshot, config: ControllerConfig, now: float) -> str:
+    """A ready spare for ``bad`` (replacement.py's pool) in one of the job's own
+    partitions, or ``!why`` none is. The spare joins the job: it must be a node the
+    job could have been given, whatever partitions the broken node is in as well."""
     if config.provider.kind != "spare_pool":
         return f"!no spare pool (provider {config.provider.kind})"
     failed = snap.nodes.get(bad)
     if failed is None:
         return f"!{bad} is not in Slurm's view"
+    parts = job_partitions(job)
+    if not parts:
+        return f"!Slurm names no partition of job {job.job_id}"
+    # the pool matches a spare to the node's partitions; here they are the job's
+    as_job = replace(failed, partitions=parts)
     pool = SparePool(snap, config.policy, now, config.deep_checks)
-    spare = pool.take(failed)
-    return spare if spare is not None else f"!{pool.why_none(failed)}"
+    spare = pool.take(as_job)
+    return spare if spare is not None else f"!{pool.why_none(as_job)}"
 
 
 def backoff_s(previous: Sequence[float], now: float, ar: AutoResumeConfig) -> float:

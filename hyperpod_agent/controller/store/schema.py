@@ -102,4 +102,14 @@ MIGRATIONS: list[str] = [
         job_id INTEGER NOT NULL, step_id TEXT NOT NULL, attempt INTEGER NOT NULL,
         expires_at REAL NOT NULL, end_at REAL, PRIMARY KEY (job_id, step_id));
     """,
+    # 10: what Slurm said of a watched step's job when the watch began (its nodes, its
+    # start), never what the helper said; a surgery keeps its job's owner, so a poll is
+    # answered without Slurm once the job has left the controller's view.
+    """
+    ALTER TABLE step_watches ADD COLUMN nodes TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE step_watches ADD COLUMN began REAL NOT NULL DEFAULT 0;
+    ALTER TABLE step_watches ADD COLUMN created_at REAL NOT NULL DEFAULT 0;
+    ALTER TABLE step_retries ADD COLUMN owner_uid INTEGER;
+    CREATE INDEX step_retries_job ON step_retries(job_id, id);
+    """,
 ]

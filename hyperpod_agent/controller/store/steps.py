@@ -4,6 +4,10 @@ A surgery's ``phase`` is its intent log, as a deep-check run's is: it names the 
 step to do next and is written after each one, so a controller killed at any point
 finishes the surgery, or rolls it back, from where it stood. The row is unique per
 (job, step, failed attempt): a repeated request finds the surgery it started before.
+
+A step under watch is one row per (job, step) that its helper renews. What the row says
+of the step (its nodes, when its job started) was read from Slurm when the watch began,
+never taken from the helper: the step's retry may blame only those nodes.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ class StepRetry:
     COLUMNS: ClassVar[str] = (
         "id, job_id, step_id, attempt, budget, phase, bad_node, spare, reason, keep, "
         "helper_id, new_nodes, outcome, cause, rollback_from, requested_by, created_at, "
-        "updated_at"
+        "updated_at, owner_uid"
     )
     id: int
     job_id: int
@@ -47,6 +51,7 @@ class StepRetry:
     requested_by: str
     created_at: float
     updated_at: float
+    owner_uid: int | None = None  # the job's owner, as Slurm said when it was decided
 
     @property
     def helper_name(self) -> str:
@@ -74,6 +79,37 @@ class StepRetry:
             r[15],
             float(r[16]),
             float(r[17]),
+            None if r[18] is None else int(r[18]),
+        )
+
+
+@dataclass(frozen=True)
+class StepWatch:
+    """A running step's watch: renewed by its helper until ``expires_at``."""
+
+    COLUMNS: ClassVar[str] = (
+        "job_id, step_id, attempt, expires_at, end_at, nodes, began, created_at"
+    )
+    job_id: int
+    step_id: str
+    attempt: int
+    expires_at: float
+    end_at: float | None  # when the step was (first) told to end: its fault's first report
+    nodes: tuple[str, ...]  # the job's nodes, read from Slurm when the watch began
+    began: float  # the job's start, read from Slurm then (0: Slurm did not say)
+    created_at: float
+
+    @classmethod
+    def from_row(cls, r: tuple[Any, ...]) -> StepWatch:
+        return cls(
+            int(r[0]),
+            r[1],
+            int(r[2]),
+            float(r[3]),
+            None if r[4] is None else float(r[4]),
+            tuple(json.loads(r[5])),
+            float(r[6]),
+            float(r[7]),
         )
 
 
@@ -88,14 +124,16 @@ class StepLog(CheckLog):
         requested_by: str,
         now: float,
         event: EventIn,
+        *,
+        owner_uid: int | None = None,
     ) -> tuple[int, bool]:
         """Record a surgery (and its event) durably: (its id, True), or (the id of the
         one recorded before for the same failed attempt, False)."""
         with self._tx(durable=True) as db:
             cur = db.execute(
                 "INSERT INTO step_retries (job_id, step_id, attempt, budget, phase, bad_node, "
-                "spare, reason, keep, cause, requested_by, created_at, updated_at) "
-                "VALUES (?,?,?,?,'drain',?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING id",
+                "spare, reason, keep, cause, requested_by, created_at, updated_at, owner_uid) "
+                "VALUES (?,?,?,?,'drain',?,?,?,?,?,?,?,?,?) ON CONFLICT DO NOTHING RETURNING id",
                 (
                     job_id,
                     step_id,
@@ -109,6 +147,7 @@ class StepLog(CheckLog):
                     requested_by,
                     now,
                     now,
+                    owner_uid,
                 ),
             )
             row = cur.fetchone()
@@ -142,12 +181,19 @@ class StepLog(CheckLog):
         )
         return [StepRetry.from_row(r) for r in rows]
 
-    def step_retries_done(self, job_id: int, step_id: str) -> int:
-        """In-place retries made for the job's step (what its budget has paid for)."""
-        rows = self._query(
-            "SELECT count(*) FROM step_retries WHERE job_id=? AND step_id=? AND outcome=?",
-            (job_id, step_id, "RETRYSTEP"),
-        )
+    def step_retries_done(self, job_id: int, step_id: str | None = None) -> int:
+        """In-place retries made for the job (what its budget has paid for), or for one
+        step of it. The budget is the job's: the helper names its steps as it likes."""
+        if step_id is None:
+            rows = self._query(
+                "SELECT count(*) FROM step_retries WHERE job_id=? AND outcome=?",
+                (job_id, "RETRYSTEP"),
+            )
+        else:
+            rows = self._query(
+                "SELECT count(*) FROM step_retries WHERE job_id=? AND step_id=? AND outcome=?",
+                (job_id, step_id, "RETRYSTEP"),
+            )
         return int(rows[0][0])
 
     def job_step_retries(self, job_id: int, limit: int = 50) -> list[StepRetry]:
@@ -227,23 +273,60 @@ class StepLog(CheckLog):
                 self._put_event(db, ev, now)
 
     # -- steps under watch ------------------------------------------------------------
-    def watch_step(
-        self, job_id: int, step_id: str, attempt: int, now: float, ttl: float, *, end: bool
-    ) -> float | None:
-        """Renew the watch of a running step until ``now + ttl``; with ``end``, note
-        that the controller told it to end (the first time only). Returns when the end
-        was first asked, or None."""
+    def step_watch(self, job_id: int, step_id: str) -> StepWatch | None:
+        rows = self._query(
+            f"SELECT {StepWatch.COLUMNS} FROM step_watches WHERE job_id=? AND step_id=?",
+            (job_id, step_id),
+        )
+        return StepWatch.from_row(rows[0]) if rows else None
+
+    def start_watch(
+        self,
+        job_id: int,
+        step_id: str,
+        attempt: int,
+        nodes: Sequence[str],
+        began: float,
+        now: float,
+        ttl: float,
+    ) -> None:
+        """Watch a new launch of a step until ``now + ttl``, with what Slurm said of its
+        job (``nodes``, ``began``); it replaces the step's earlier launch."""
+        with self._tx(durable=False) as db:
+            db.execute(
+                "INSERT INTO step_watches (job_id, step_id, attempt, expires_at, end_at, nodes, "
+                "began, created_at) VALUES (?,?,?,?,NULL,?,?,?) ON CONFLICT (job_id, step_id) "
+                "DO UPDATE SET attempt=excluded.attempt, expires_at=excluded.expires_at, "
+                "end_at=NULL, nodes=excluded.nodes, began=excluded.began, "
+                "created_at=excluded.created_at",
+                (job_id, step_id, attempt, now + ttl, json.dumps(list(nodes)), began, now),
+            )
+
+    def renew_watch(
+        self, job_id: int, step_id: str, now: float, ttl: float, end_at: float | None
+    ) -> tuple[float | None, bool]:
+        """Renew a step's watch until ``now + ttl``; ``end_at`` (when the fault that ends
+        it was first reported) is kept from the first time the end was asked. Returns
+        (the kept ``end_at``, whether this renewal asked the end first)."""
         with self._tx(durable=False) as db:
             row = db.execute(
-                "INSERT INTO step_watches (job_id, step_id, attempt, expires_at, end_at) "
-                "VALUES (?,?,?,?,?) ON CONFLICT (job_id, step_id) DO UPDATE SET "
-                "attempt=excluded.attempt, expires_at=excluded.expires_at, "
-                "end_at=CASE WHEN excluded.attempt != step_watches.attempt "
-                "THEN excluded.end_at ELSE coalesce(step_watches.end_at, excluded.end_at) END "
-                "RETURNING end_at",
-                (job_id, step_id, attempt, now + ttl, now if end else None),
+                "SELECT end_at FROM step_watches WHERE job_id=? AND step_id=?", (job_id, step_id)
             ).fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+            if row is None:
+                return None, False
+            kept = row[0] if row[0] is not None else end_at
+            db.execute(
+                "UPDATE step_watches SET expires_at=?, end_at=? WHERE job_id=? AND step_id=?",
+                (now + ttl, kept, job_id, step_id),
+            )
+        return (None if kept is None else float(kept)), row[0] is None and end_at is not None
+
+    def live_watches(self, job_id: int, now: float) -> int:
+        """How many of the job's steps are watched at ``now``."""
+        rows = self._query(
+            "SELECT count(*) FROM step_watches WHERE job_id=? AND expires_at>?", (job_id, now)
+        )
+        return int(rows[0][0])
 
     def watched_jobs(self, now: float) -> dict[int, float | None]:
         """Jobs with a step under watch at ``now``: job id -> when a step of it was first

@@ -27,7 +27,9 @@ JOB = Job(
     auto_resume=3,
     partition="main",
 )
-FAILURE = StepFailure(12, "0", 1, ("node1", "node2", "node3"), 1, 3)
+FAILURE = StepFailure(12, "0", 1, ("node1", "node2", "node3"), 1)
+ADMINS_SPARE = node("node5", flags=("DRAIN",), reason="hyperpod:spare", partitions=("admins",))
+NODE2_TWO_PARTS = node("node2", partitions=("main", "admins"))
 
 
 @dataclass
@@ -44,6 +46,7 @@ class Case:
     last_minute: int = 0
     requeues: int = 0
     in_flight: Sequence[ActionRow] = ()
+    markers: Mapping[str, int] = field(default_factory=dict)  # node -> srun marker of job 12
 
 
 CASES = [
@@ -69,10 +72,14 @@ CASES = [
     Case("exit 93", Outcome.FAIL, "exit 93", failure=replace(FAILURE, exit_code=93)),
     Case("cancelled", Outcome.FAIL, "step 0 was cancelled",
          failure=replace(FAILURE, cancelled=True)),
-    Case("not opted in", Outcome.FAIL, "did not opt in",
-         job=replace(JOB, auto_resume=None), failure=replace(FAILURE, budget=0)),
-    Case("opted in by the job", Outcome.RETRYSTEP, "node5 stands in",
-         failure=replace(FAILURE, budget=0)),
+    Case("not opted in", Outcome.FAIL, "did not opt in", job=replace(JOB, auto_resume=None)),
+    # the application's answers come first: an srun's marker may not have arrived yet
+    Case("not opted in, on healthy nodes", Outcome.FAIL, "on healthy nodes",
+         job=replace(JOB, auto_resume=None), faults=()),
+    Case("opted in by the srun's marker", Outcome.RETRYSTEP, "node5 stands in",
+         job=replace(JOB, auto_resume=None), markers={"node1": 2}),
+    Case("a marker from a node not the job's", Outcome.FAIL, "did not opt in",
+         job=replace(JOB, auto_resume=None), markers={"node7": 2}),
     Case("auto-resume off", Outcome.FAIL, "disabled", cfg={"auto_resume": {"enabled": False}}),
     Case("a node not the job's", Outcome.FAIL, "node9 not among job 12's nodes",
          failure=replace(FAILURE, nodes=("node1", "node9"))),
@@ -90,8 +97,14 @@ CASES = [
     Case("budget spent by the store's count", Outcome.REQUEUE, "in-place budget spent (3/3)",
          done=3),
     Case("the plain switch is worth default_attempts", Outcome.RETRYSTEP, "stands in",
-         failure=replace(FAILURE, budget=1, attempt=3),
+         job=replace(JOB, auto_resume=1), failure=replace(FAILURE, attempt=3),
          cfg={"auto_resume": {"default_attempts": 5}}),
+    # the spare joins the job: from the job's partition, not any of the broken node's
+    Case("a spare only in a partition the job does not run in", Outcome.REQUEUE,
+         "no spare left in partitions main",
+         changes={"node5": ADMINS_SPARE, "node2": NODE2_TWO_PARTS}),
+    Case("a job whose partition Slurm does not name", Outcome.REQUEUE, "names no partition",
+         job=replace(JOB, partition="")),
     Case("two faulty nodes", Outcome.REQUEUE, "an in-place retry replaces one",
          faults=(XID79, replace(XID79, id=77, node="node3"))),
     Case("job not running", Outcome.REQUEUE, "job is COMPLETING, not RUNNING",
@@ -117,6 +130,8 @@ def snapshot(c: Case) -> Snapshot:
     nodes.update(c.changes)
     health = {n: healthy() for n in nodes}
     health.update({f.node: faulty() for f in c.faults if f.closed_at is None})
+    for name, cap in c.markers.items():
+        health[name] = replace(health[name], jobs_opted_in={12: cap})
     return Snapshot(
         nodes=nodes,
         jobs=[c.job],

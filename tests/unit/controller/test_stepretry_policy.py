@@ -53,3 +53,15 @@ def test_a_surgerys_bad_node_counts_toward_the_blast_radius() -> None:
     d = decide(Snapshot(**{**snap.__dict__, "nodes": small}), config(), NOW)
     assert d.incident and "node3" in d.incident_reason + " ".join(e.message for e in d.events)
     assert [a for a in d.actions if a.node == "node3"] == []
+
+
+def test_a_watch_shields_only_a_job_slurm_shows_running() -> None:
+    from hyperpod_agent.controller.snapshot import left_to_step_retry, retrying_in_place
+
+    base = snapshot({})
+    running = Snapshot(**{**base.__dict__, "watched_jobs": {12: None, 13: NOW - 5}})
+    assert left_to_step_retry(running, NOW) == {12, 13}
+    ended = [job(12, state="COMPLETED", nodes=("node1", "node2")), job(13, state="FAILED")]
+    gone = Snapshot(**{**running.__dict__, "jobs": ended})
+    assert left_to_step_retry(gone, NOW) == set()
+    assert retrying_in_place(gone, NOW) == set()
