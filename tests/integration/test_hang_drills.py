@@ -230,7 +230,18 @@ def test_a_paused_phase_and_a_job_without_progress_are_never_hung(
 
 def test_bad_files_among_the_progress_records_cost_nothing(cluster: LocalCluster) -> None:
     node = "node3"
-    job_dir = cluster.shape.progress_root / node / "4242"
+    # The agent reads the directories of the jobs running on its node only.
+    quiet = subprocess.run(
+        ["sbatch", "--parsable", "-w", node, "-o", "/dev/null", "--wrap", "sleep 120"],
+        env=cluster.env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert quiet.returncode == 0, quiet.stderr
+    job_id = int(quiet.stdout.strip().split(";")[0])
+    drill.wait_for("the job running", 60, lambda: drill.job_of(cluster, job_id).state == "RUNNING")
+    job_dir = cluster.shape.progress_root / node / str(job_id)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "0.prog").write_bytes(b"garbage" * 10)
     with open(job_dir / "1.prog", "wb") as f:
@@ -252,8 +263,9 @@ def test_bad_files_among_the_progress_records_cost_nothing(cluster: LocalCluster
         shown = hyperpod(cluster, "node", "show", node)
         assert shown["verdict"] == "healthy" and shown["open_faults"] == 0
         reported = (shown.get("report") or {}).get("progress", [])
-        assert 4242 not in {p["job_id"] for p in reported}, reported
+        assert job_id not in {p["job_id"] for p in reported}, reported
     finally:
+        cancel(cluster, job_id)
         for path in job_dir.iterdir():
             path.unlink()
         job_dir.rmdir()

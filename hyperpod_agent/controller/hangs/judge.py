@@ -4,20 +4,27 @@ Each agent reports, per job on its node, every rank's last finished step, when, 
 summary of its recent step times (``JobProgress``). Per running job:
 
 - **Hang**: no rank advanced (a step, or the end of a paused phase) for
-  ``max(hang_factor x p95 step time, hang_min_s)``, no rank is in a paused phase, and
-  the job has reported at least ``min_steps`` step times (before that there is no
-  model of its pace: compilation, warm-up). The p95 is the median of the ranks' p95s,
-  so one odd rank does not set the pace. Suspects are the nodes whose ranks are
-  stopped, in uninterruptible sleep or gone, whose ranks never reached the step the
-  others reached, or which have an open fault. The attribution is *clear* when the
-  suspects are some, not all, of the job's nodes.
+  ``max(hang_factor x p95 step time, hang_min_s)``, no rank is in a paused phase
+  younger than ``max_pause_s``, and the job has reported at least ``min_steps`` step
+  times (before that there is no model of its pace: compilation, warm-up). The p95 is
+  the median of the ranks' p95s, so one odd rank does not set the pace. A job's own
+  overrides (from its records) only ever loosen the site's settings: the largest value
+  any of its ranks asks for, never below ``[progress]``'s.
+- **Suspects** are the nodes whose ranks are stopped, in uninterruptible sleep, zombie
+  or gone, whose ranks never reached the step the others reached, or which have an open
+  fault. The attribution is *clear* when the suspects are some, not all, of the job's
+  nodes. Only what the node itself shows (the process state the agent read, an open
+  fault) may take a node out (``Hang.shown``); a step number is what the job's records
+  say, written by the job's user, and only names the node.
 - **Straggler**: a node whose ranks' median step time exceeds the median of the other
   nodes' by ``straggler_threshold``, over at least ``straggler_min_steps`` steps.
 
-Ranks whose last activity is older than the job's (re)start belong to an earlier run
-of a requeued job and are ignored. Each hang (job run, step) and straggler (job run,
-node) is declared once: ``snap.findings`` holds the ones already declared. A hang stays
-current (and its job's recovery due) until the job advances or runs again.
+Only records the agent checked against the job's user count (``JobProgress.uid`` equal
+to the job's uid in Slurm, where Slurm shows it). Ranks whose last activity is older
+than the job's (re)start belong to an earlier run of a requeued job and are ignored.
+Each hang (job run, step) and straggler (job run, node) is declared once:
+``snap.findings`` holds the ones already declared. A hang stays current (and its job's
+recovery due) until the job advances or runs again.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ class Hang:
     evidence: str  # why each suspect is one ("" when none)
     clear: bool  # suspects are some, not all, of the job's nodes
     declared: bool = False  # declared in an earlier pass (the event is out already)
+    # The suspects whose evidence the node shows (process state, open fault): the only
+    # ones an action may take out.
+    shown: tuple[str, ...] = ()
+    paused_s: float | None = None  # a paused phase this long, past max_pause_s
 
     @property
     def key(self) -> tuple[str, int, int, str, int]:
@@ -60,9 +71,14 @@ class Hang:
             if self.suspects
             else "no suspect"
         )
+        paused = (
+            f", paused for {self.paused_s:.0f} s (over max_pause_s)"
+            if self.paused_s is not None
+            else ""
+        )
         return (
             f"job {self.job_id} hung: no rank advanced for {self.idle_s:.0f} s past step "
-            f"{self.step} (limit {self.threshold_s:.1f} s = max(factor x p95 "
+            f"{self.step}{paused} (limit {self.threshold_s:.1f} s = max(factor x p95 "
             f"{self.p95_s:.3f} s, floor)); {who}"
         )
 
@@ -102,10 +118,11 @@ class _Rank:
 
 
 def _ranks(job: Job, snap: Snapshot) -> list[_Rank]:
-    """The job's ranks on its own nodes, from this run of the job: activity at or after
-    its start. No allowance for clock skew: a new rank whose clock runs behind is left
-    out until its first step, while one allowance wide enough for skew would let the
-    records of the run before (a requeued job starting again) be judged as this one's."""
+    """The job's ranks on its own nodes, checked against its user, from this run of the
+    job: activity at or after its start. No allowance for clock skew: a new rank whose
+    clock runs behind is left out until its first step, while one allowance wide enough
+    for skew would let the records of the run before (a requeued job starting again) be
+    judged as this one's."""
     start = job.start_time.timestamp() if job.start_time is not None else 0.0
     out = []
     for name in job.nodes:
@@ -115,6 +132,8 @@ def _ranks(job: Job, snap: Snapshot) -> list[_Rank]:
         for jp in health.progress:
             if jp.job_id != job.job_id:
                 continue
+            if job.uid is not None and jp.uid != job.uid:
+                continue  # not checked against the job's user, or another user's files
             for rank in jp.ranks:
                 item = _Rank(name, jp, rank)
                 if item.activity > 0 and item.activity >= start:
@@ -122,42 +141,59 @@ def _ranks(job: Job, snap: Snapshot) -> list[_Rank]:
     return out
 
 
-def _override(ranks: list[_Rank], field: str) -> float | None:
-    values = [v for r in ranks if (v := getattr(r.job, field)) is not None]
-    return min(values) if values else None
+def _setting(ranks: list[_Rank], field: str, site: float) -> float:
+    """A hang setting for the whole job: the largest any of its nodes reports for it,
+    never below the site's (a job's records may loosen the site's settings, never
+    tighten them, and a rank's ask is never overruled by a stricter one elsewhere)."""
+    values: list[float] = [v for r in ranks if (v := getattr(r.job, field)) is not None]
+    return max([site, *values])
 
 
-def _suspects(job: Job, ranks: list[_Rank], snap: Snapshot) -> tuple[list[str], str]:
+def _suspects(
+    job: Job, ranks: list[_Rank], snap: Snapshot
+) -> tuple[list[str], str, tuple[str, ...]]:
+    """(suspect nodes, why each, those of them whose evidence the node shows)."""
     top = max(r.rank.step for r in ranks)
     why: dict[str, list[str]] = defaultdict(list)
+    shown: set[str] = set()
     for r in ranks:
         if r.rank.proc_state in STUCK_STATES:
             why[r.node].append(f"rank {r.rank.rank} state {r.rank.proc_state}")
+            shown.add(r.node)
         elif r.rank.step < top:
             why[r.node].append(f"rank {r.rank.rank} at step {r.rank.step} < {top}")
     for f in snap.open_faults:
         if f.node in job.nodes and Action(f.action).rank >= Action.RESET.rank:
             why[f.node].append(f"open fault {f.component} {f.code}")
+            shown.add(f.node)
     names = sorted(why)
-    return names, "; ".join(f"{n}: {', '.join(dict.fromkeys(why[n]))}" for n in names)
+    evidence = "; ".join(f"{n}: {', '.join(dict.fromkeys(why[n]))}" for n in names)
+    return names, evidence, tuple(sorted(shown))
+
+
+def _paused_within(ranks: list[_Rank], cfg: ProgressConfig, now: float) -> tuple[bool, float]:
+    """(whether a rank is in a paused phase younger than max_pause_s, the longest pause)."""
+    ages = [now - (r.rank.pause_since or r.activity) for r in ranks if r.rank.paused]
+    return any(age <= cfg.max_pause_s for age in ages), max(ages, default=0.0)
 
 
 def _hang(
     job: Job, ranks: list[_Rank], snap: Snapshot, cfg: ProgressConfig, now: float
 ) -> Hang | None:
-    if any(r.rank.paused for r in ranks):
+    paused, paused_s = _paused_within(ranks, cfg, now)
+    if paused:
         return None
     p95s = [r.rank.p95_s for r in ranks if r.rank.p95_s is not None and r.rank.window > 0]
     if max((r.rank.window for r in ranks), default=0) < cfg.min_steps or not p95s:
         return None
     p95 = statistics.median(p95s)
-    factor = _override(ranks, "hang_factor") or cfg.hang_factor
-    floor = _override(ranks, "hang_min_s") or cfg.hang_min_s
+    factor = _setting(ranks, "hang_factor", cfg.hang_factor)
+    floor = _setting(ranks, "hang_min_s", cfg.hang_min_s)
     threshold = max(factor * p95, floor)
     idle = now - max(r.activity for r in ranks)
     if idle <= threshold:
         return None
-    suspects, evidence = _suspects(job, ranks, snap)
+    suspects, evidence, shown = _suspects(job, ranks, snap)
     with_ranks = {r.node for r in ranks}
     clear = bool(suspects) and not with_ranks <= set(suspects)
     return Hang(
@@ -170,6 +206,8 @@ def _hang(
         tuple(suspects),
         evidence,
         clear,
+        shown=shown,
+        paused_s=paused_s if paused_s > 0 else None,
     )
 
 

@@ -3,10 +3,13 @@
 - A hang or straggler not declared before: a ``finding`` (the event, once).
 - A hung auto-resume job: recovered like a node fault (``autoresume.plan`` requeues
   it, with its budget, back-off and the cluster-wide cap). When the hang is clearly
-  attributed, the suspect nodes still in service are taken out too
-  (``progress.suspect_action``), through the same blast-radius and shared-cause limits.
-  Without a clear attribution the job restarts as it is and the suspects are only
-  named in the event.
+  attributed, the suspect nodes still in service whose evidence the node itself shows
+  (a rank's process state as the agent read it, an open fault: ``Hang.shown``) are
+  taken out too (``progress.suspect_action``), through the same blast-radius and
+  shared-cause limits. A suspect named only by what the job's records say (a rank
+  behind the others) is never taken out: a user must not get nodes rebooted by writing
+  records. Without a clear attribution the job restarts as it is and the suspects are
+  only named in the event.
 - A hung job that is not auto-resume: the event and the metric, and a cancel when
   ``progress.cancel_unmanaged`` says so.
 - A straggler: the event (and its count toward the node's lemon score); never an
@@ -54,7 +57,7 @@ def _suspect_actions(
         return []
     kind, verb = _SUSPECT[mode]
     out = []
-    for name in hang.suspects:
+    for name in hang.shown:
         node = nodes.get(name)
         # Only a node in service and nobody's: a drained one is out already, and a
         # human's or another tool's node is never touched.

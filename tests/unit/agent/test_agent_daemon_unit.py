@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import logging
 import socket
-import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from progress_records import record, write
 from prometheus_client import generate_latest
+from test_progress_identity import Steps, fake_steps
 
 from hyperpod_agent.agent.cache import read_report
 from hyperpod_agent.agent.config import AgentConfig
@@ -189,9 +190,19 @@ def test_metrics_port_in_use_is_one_line_error(tmp_path: Path) -> None:
         agent.close()
 
 
-def test_report_carries_progress(tmp_path: Path, sleeper: subprocess.Popen[bytes]) -> None:
+@pytest.fixture
+def steps() -> Iterator[Steps]:
+    """Fake job steps (a root slurmstepd and its ranks): only their records count."""
+    with fake_steps() as made:
+        yield made
+
+
+@pytest.mark.root
+def test_report_carries_progress(tmp_path: Path, steps: Steps) -> None:
     progress = tmp_path / "progress"
-    record(progress, sleeper.pid, 42, 0, step=7, step_at=time.time(), durations=[1.0, 3.0])
+    pid = steps.start(42).ranks[0]
+    steps.start(43)
+    record(progress, pid, 42, 0, step=7, step_at=time.time(), durations=[1.0, 3.0])
     write(progress, 43, 0, b"x" * 1024)  # skipped, counted
     rec = Recorder()
     agent = Agent(make_config(tmp_path, progress_dir=str(progress)), reporter=rec)
@@ -205,14 +216,15 @@ def test_report_carries_progress(tmp_path: Path, sleeper: subprocess.Popen[bytes
     agent.close()
 
 
+@pytest.mark.root
 def test_a_failing_progress_reader_costs_only_the_progress(
     tmp_path: Path,
-    sleeper: subprocess.Popen[bytes],
+    steps: Steps,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     progress = tmp_path / "progress"
-    record(progress, sleeper.pid, 42, 0)
+    record(progress, steps.start(42).ranks[0], 42, 0)
     agent = Agent(make_config(tmp_path, progress_dir=str(progress)), reporter=Recorder())
 
     def explode() -> list[Any]:

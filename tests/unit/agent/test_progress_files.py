@@ -1,4 +1,5 @@
-"""The pure parts of reading progress records: /proc text and step-time summaries."""
+"""The pure parts of reading progress records: /proc text, Slurm's traces in it (cgroup
+paths, slurmstepd titles) and step-time summaries."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ from hyperpod_agent.agent.progress_files import (
     job_id_of,
     parse_proc_stat,
     parse_proc_uids,
+    parse_slurm_cgroup,
+    parse_stat,
+    parse_stepd_title,
     rank_of,
     summarise,
 )
@@ -29,6 +33,74 @@ from hyperpod_agent.agent.progress_files import (
 )
 def test_parse_proc_stat(text: str, state: str) -> None:
     assert parse_proc_stat(text) == state
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("1234 (python) S 1 1234 1234 0 -1 4194560 0 0", ("python", "S", 1)),
+        ("16655 (slurmstepd) S 1 16653 16653 0 -1", ("slurmstepd", "S", 1)),
+        ("99 (a) b (c)) R 42 1", ("a) b (c)", "R", 42)),  # comm holds ')' and '('
+        ("1 (systemd) S 0 1 1", ("systemd", "S", 0)),
+        ("1234 (x) T", None),  # no parent
+        ("1234 (x) T -1", None),
+        ("1234 (x) TT 1", None),
+        ("1234 x) S 1", None),
+        ("", None),
+    ],
+)
+def test_parse_stat(text: str, parsed: tuple[str, str, int] | None) -> None:
+    assert parse_stat(text) == parsed
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "job"),
+    [
+        ("slurmstepd: [7.batch]\0\0\0\0", 7),  # as read from /proc on the local cluster
+        ("slurmstepd: [7.0]\0\0\0\0", 7),
+        ("slurmstepd: [123456.extern]", 123456),
+        ("slurmstepd: [12+1.0]", 12),  # a heterogeneous job's component
+        ("slurmstepd: [4294967295.0]", 4294967295),
+        ("slurmstepd: [0.0]", None),
+        ("slurmstepd: [4294967296.0]", None),
+        ("slurmstepd: [７.0]", None),
+        ("slurmstepd:  [7.0]", None),
+        ("/usr/sbin/slurmstepd", None),  # before it names itself
+        ("xslurmstepd: [7.0]", None),
+        ("", None),
+    ],
+)
+def test_parse_stepd_title(cmdline: str, job: int | None) -> None:
+    assert parse_stepd_title(cmdline) == job
+
+
+@pytest.mark.parametrize(
+    ("text", "jobs", "users"),
+    [
+        # cgroup v2, Slurm 22.05+ (slurmd under systemd)
+        ("0::/system.slice/slurmstepd.scope/job_123/step_0/user/task_0\n", {123}, set()),
+        ("0::/system.slice/slurmstepd.scope/job_123\n", {123}, set()),
+        ("0::/system.slice/n1_slurmstepd.scope/job_9/step_extern/slurm\n", {9}, set()),
+        # cgroup v1: every controller Slurm uses names the job
+        (
+            "12:pids:/slurm/uid_1000/job_5/step_0/task_1\n"
+            "4:freezer:/slurm/uid_1000/job_5/step_0\n"
+            "1:name=systemd:/system.slice/slurmd.service\n",
+            {5},
+            {1000},
+        ),
+        ("4:freezer:/slurm_n1/uid_0/job_5\n", {5}, {0}),
+        # not Slurm's, or not anchored at the root of the hierarchy
+        ("0::/user.slice/user-1000.slice/user@1000.service/slurmstepd.scope/job_5\n", set(), set()),
+        ("0::/system.slice/slurmstepd.scope/job_5a\n", set(), set()),
+        ("4:freezer:/slurm/uid_x/job_5\n", set(), set()),
+        ("4:memory:/process_api/474a9d96e4c95e7341134308e2afb01b\n0::/\n", set(), set()),
+        ("garbage", set(), set()),
+        ("", set(), set()),
+    ],
+)
+def test_parse_slurm_cgroup(text: str, jobs: set[int], users: set[int]) -> None:
+    assert parse_slurm_cgroup(text) == (frozenset(jobs), frozenset(users))
 
 
 def test_summary_of_known_durations() -> None:
