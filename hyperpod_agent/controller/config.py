@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-import stat
 import sys
 import tomllib
 from pathlib import Path
@@ -26,6 +25,7 @@ from hyperpod_agent.controller.store.url import (
 from hyperpod_agent.deepcheck.config import load_suite
 from hyperpod_agent.errors import ConfigError
 from hyperpod_agent.health import Action
+from hyperpod_agent.safe_paths import unsafe_dir
 
 DEFAULT_PATH = Path("/etc/hyperpod/controller.toml")
 DEFAULT_PORT = 8787
@@ -235,54 +235,9 @@ class DeepCheckConfig(BaseModel):
         """Why ``results_dir`` is unsafe, or None. The check job runs as root the
         ``check.sh`` written there: whoever can write the directory, or any directory
         above it, or a symlink on the way, has root on every node checked. So each
-        must be owned by root (or this controller's user) and writable by nobody else;
-        a sticky one (``/tmp``) only above a directory that exists. Checked at load and
-        before every run."""
-        trusted = {0, os.geteuid()}
-        chain, current, hops = [Path("/")], Path("/"), 0
-        parts = list(self.results_dir.parts[1:])
-        while parts:
-            name = parts.pop(0)
-            if name in ("", "."):
-                continue
-            if name == "..":
-                current = current.parent
-                continue
-            step = current / name
-            try:
-                st = os.lstat(step)
-            except FileNotFoundError:
-                break  # made at the first run: the last directory that exists decides
-            except OSError as exc:
-                return f"{step}: {exc.strerror}"
-            if stat.S_ISLNK(st.st_mode):
-                hops += 1
-                if st.st_uid not in trusted:
-                    return f"{step} is a symlink owned by uid {st.st_uid}, not root"
-                if hops > 40:
-                    return f"{self.results_dir}: too many levels of symbolic links"
-                target = Path(os.readlink(step))
-                current = Path("/") if target.is_absolute() else current
-                parts[:0] = list(target.parts[1:] if target.is_absolute() else target.parts)
-                continue
-            if not stat.S_ISDIR(st.st_mode):
-                return f"{step} is not a directory"
-            current = step
-            chain.append(step)
-        if chain[-1] != current:  # after '..' or a symlink: where the lookup ended
-            chain.append(current)
-        for i, path in enumerate(chain):
-            try:
-                st = os.lstat(path)
-            except OSError as exc:
-                return f"{path}: {exc.strerror}"
-            if st.st_uid not in trusted:
-                return f"{path} is owned by uid {st.st_uid}, not root"
-            shared = st.st_mode & 0o022
-            # sticky: others cannot replace the next directory, which exists and is ours
-            if shared and (i == len(chain) - 1 or not st.st_mode & stat.S_ISVTX):
-                return f"{path} is writable by others (mode {stat.S_IMODE(st.st_mode):o})"
-        return None
+        must be owned by root (or this controller's user) and writable by nobody else
+        (``safe_paths``). Checked at load and before every run."""
+        return unsafe_dir(self.results_dir, {0, os.geteuid()})
 
 
 class HaConfig(BaseModel):
