@@ -74,8 +74,15 @@ class Steps:
         self.slurm = SlurmReads(controller)
 
     def caller_job(self, who: Identity, job_id: int) -> Job:
-        """The job as the last pass saw it, once ``who`` may ask about it."""
+        """The job as the last pass saw it (or, for a job that started since, as the
+        shared read shows it), once ``who`` may ask about it."""
         job = self.slurm.view(job_id)
+        if job is None:
+            # A job that started after the last pass: its step's first watch must not
+            # wait for the next pass, or a fault meanwhile takes the requeue path. The
+            # read is the shared one, at most one per FRESH_S whoever asks, so unknown
+            # job ids cost the cluster no more than that.
+            job = self.slurm.read(0.0)[1].get(job_id)
         if job is None:
             raise Rejected(
                 404,
