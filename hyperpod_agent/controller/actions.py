@@ -20,6 +20,7 @@ from typing import Any
 from hyperpod_agent.controller import intents, metrics, records
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.crash import crash_from_env
+from hyperpod_agent.controller.gate import Gate, Refused, gated
 from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.providers.base import (
     Provider,
@@ -52,13 +53,13 @@ class Executor:
     def __init__(
         self,
         store: Store,
-        slurm: SlurmApi,
+        slurm: SlurmApi | Gate,
         provider: Provider,
         config: ControllerConfig,
         crash_hook: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
-        self.slurm = slurm
+        self.slurm = gated(slurm, (config.slurm_user,))
         self.provider = provider
         self.config = config
         self._crash_hook = crash_hook if crash_hook is not None else crash_from_env
@@ -218,11 +219,12 @@ class Executor:
     def _apply(self, row: ActionRow, now: float) -> None:
         if not self._still_planned(row, now):
             return
+        expect = _expected(row)
         try:
             if row.kind in (Kind.DRAIN.value, Kind.HOLD.value):
-                self.slurm.drain(str(row.node), row.reason)
+                self.slurm.drain(str(row.node), row.reason, expect=expect)
             elif row.kind == Kind.RESUME.value:
-                self.slurm.resume(str(row.node))
+                self.slurm.resume(str(row.node), expect=expect)
             elif row.kind == Kind.REBOOT.value:
                 self._reboot(row)
             elif row.kind == Kind.REQUEUE.value:
@@ -236,6 +238,9 @@ class Executor:
                 return
             else:
                 raise ProviderError(f"unknown action kind {row.kind!r}")
+        except Refused as exc:
+            self._abandon(row, exc.why, now)  # somebody else's since: never retried
+            return
         except (SlurmError, ProviderError) as exc:
             self._failed_attempt(row, str(exc), now)
             return
@@ -249,11 +254,12 @@ class Executor:
         it stays drained after the boot, for the gate to decide."""
         node = str(row.node)
         deep = self.config.deep_checks
+        expect = _expected(row)
         if not (deep.gate_reentry and "reboot" in deep.gate_after):
-            self.slurm.reboot(node, row.reason, asap=True, next_state="resume")
+            self.slurm.reboot(node, row.reason, asap=True, next_state="resume", expect=expect)
             return
-        self.slurm.drain(node, row.reason)
-        self.slurm.reboot(node, row.reason, asap=False, next_state="")
+        self.slurm.drain(node, row.reason, expect=expect)
+        self.slurm.reboot(node, row.reason, asap=False, next_state="", expect=expect)
 
     def _replace(self, row: ActionRow, now: float) -> None:
         """Start a replacement. A provider that must not run twice (an admin command)
@@ -264,7 +270,13 @@ class Executor:
             started = {"started_at": now, "interrupted": True, "node": row.node}
             self._update(row.id, "applied", now, params={**params, "handle": started})
         try:
-            handle = self.provider.replace(str(row.node), row.reason, params, now, self.keepalive)
+            with self.slurm.provider_call(f"replace via {self.provider.name}", str(row.node)):
+                handle = self.provider.replace(
+                    str(row.node), row.reason, params, now, self.keepalive
+                )
+        except Refused as exc:
+            self._abandon(row, exc.why, now)
+            return
         except (SlurmError, ProviderError) as exc:
             self._failed_attempt(row, str(exc), now)
             return
@@ -311,7 +323,12 @@ class Executor:
             return 0
         if self.provider.resumes_node:
             try:
-                self.slurm.resume(str(row.node))
+                # Only while it still has our replace reason: an admin who drained
+                # the node meanwhile keeps it.
+                self.slurm.resume(str(row.node), expect=(row.reason,))
+            except Refused as exc:
+                self._done(row, now, f"not resumed: {exc.why}")
+                return 1
             except SlurmError as exc:
                 log.warning("resume %s after replacement: %s (retrying)", row.node, exc)
                 return 0
@@ -395,3 +412,12 @@ class Executor:
     def _event(self, kind: str, message: str, pa: PlannedAction, now: float) -> None:
         self.store.add_event(kind, message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
         log.info("%s", message)
+
+
+def _expected(row: ActionRow) -> tuple[str, ...] | None:
+    """The reasons a node intent may find when applied: the one it saw when planned,
+    or its own (done before a crash); None for intents recorded without it."""
+    seen = row.params.get("seen_reason")
+    if not isinstance(seen, str) or not intents.touches_node(row):
+        return None
+    return (seen, row.reason)

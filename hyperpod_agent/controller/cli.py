@@ -16,6 +16,7 @@ import click
 from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.command import run_command
 from hyperpod_agent.controller.config import DEFAULT_PATH, ControllerConfig, load_config
+from hyperpod_agent.controller.gate import Gate
 from hyperpod_agent.controller.leadership import Leadership
 from hyperpod_agent.controller.providers import make_provider
 from hyperpod_agent.controller.service import Controller
@@ -59,12 +60,19 @@ def build(config: ControllerConfig, config_path: Path | None) -> Controller:
     if config.ha.enabled:
         ha = config.ha
         leadership = Leadership(store, config.controller_id(), ha.lease_ttl_s, ha.renew_every_s)
-    slurm = SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s)
+    # The providers and every runner change Slurm only through this gate.
+    gate = Gate(
+        SlurmClient(config.slurm_conf, timeout=config.slurm_timeout_s),
+        slurm_users=(config.slurm_user,),
+        store=store,
+        leadership=leadership,
+        margin_s=config.ha.clock_margin_s,
+    )
     return Controller(
         config,
         store,
-        slurm,
-        make_provider(config.provider, slurm),
+        gate,
+        make_provider(config.provider, gate),
         config_path,
         leadership=leadership,
     )

@@ -252,6 +252,13 @@ class HaConfig(BaseModel):
     )
     lease_ttl_s: float = Field(default=6.0, gt=0, le=600)
     renew_every_s: float = Field(default=2.0, gt=0, le=300)
+    clock_margin_s: float = Field(
+        default=0.5,
+        ge=0,
+        le=60,
+        description="how far controllers' clocks may differ: a Slurm change must end "
+        "this long before the lease does",
+    )
 
     @model_validator(mode="after")
     def _timing(self) -> HaConfig:
@@ -261,6 +268,13 @@ class HaConfig(BaseModel):
             raise ValueError(
                 f"ha.lease_ttl_s ({self.lease_ttl_s:g}) must be more than twice "
                 f"ha.renew_every_s ({self.renew_every_s:g})"
+            )
+        # What a Slurm change may take inside the lease (controller/gate.py).
+        if self.lease_ttl_s - self.renew_every_s - self.clock_margin_s < 1.0:
+            raise ValueError(
+                f"ha.lease_ttl_s ({self.lease_ttl_s:g}) must exceed ha.renew_every_s "
+                f"({self.renew_every_s:g}) plus ha.clock_margin_s ({self.clock_margin_s:g}) "
+                "by at least 1 s, the shortest a Slurm change is given"
             )
         return self
 

@@ -41,6 +41,13 @@ PASSES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+GATE_CALLS = Counter(
+    "hyperpod_gate_calls_total",
+    "Slurm-changing calls through the gate, by call and outcome "
+    "(done, failed, refused, lease_lost)",
+    ["call", "outcome"],
+    registry=REGISTRY,
+)
 PASS_ITEM_ERRORS = Counter(
     "hyperpod_pass_item_errors_total",
     "Items (jobs, nodes, intents, check runs, surgeries) a pass skipped because handling "

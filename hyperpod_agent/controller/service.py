@@ -27,6 +27,7 @@ from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig, load_config
 from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.deepcheck.run import CheckRunner
+from hyperpod_agent.controller.gate import Gate
 from hyperpod_agent.controller.gather import gather
 from hyperpod_agent.controller.ingest import Heartbeat, Ingest
 from hyperpod_agent.controller.isolation import Isolation
@@ -41,7 +42,7 @@ from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.lease import Lease, LeaseLost
 from hyperpod_agent.controller.store.rows import TrackedJob
 from hyperpod_agent.errors import ConfigError, SlurmError
-from hyperpod_agent.reasons import Verb, format_reason
+from hyperpod_agent.reasons import Owner, Verb, format_reason, owner_of
 from hyperpod_agent.slurm.models import Job, Node
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,20 @@ class Controller(Ingest):
         self.slurm = slurm
         self.provider = provider
         self.clock = clock
-        self.executor = Executor(store, slurm, provider, config)
+        # Every change to Slurm goes through the gate (owner rule, lease, log).
+        self.gate = (
+            slurm
+            if isinstance(slurm, Gate)
+            else Gate(
+                slurm,
+                slurm_users=(config.slurm_user,),
+                store=store,
+                leadership=leadership,
+                clock=clock,
+                margin_s=config.ha.clock_margin_s,
+            )
+        )
+        self.executor = Executor(store, self.gate, provider, config)
         # One bad item (job, intent, check run, surgery) never stops a pass.
         self.isolation = Isolation(store.add_event, clock)
         self.executor.isolation = self.isolation
@@ -80,6 +94,7 @@ class Controller(Ingest):
         elif leadership.on_change is None:
             leadership.on_change = self.wake.set  # a new leader passes at once
         self.started_at = clock()
+        store.fence_clock = clock  # a fence is judged when written, not at pass start
         self.nodes: dict[str, Node] = {}
         self.jobs: list[Job] = []
         self.last_pass_at: float | None = None
@@ -93,7 +108,7 @@ class Controller(Ingest):
         self.watch = JobWatch(store)
         self.checks = CheckRunner(
             store,
-            slurm,
+            self.gate,
             config.deep_checks,
             (config.slurm_user,),
             self._escalate,
@@ -102,7 +117,7 @@ class Controller(Ingest):
         # the same test-only hook as the executor's, at "step_retry:<phase>" (done)
         self.steps = StepRetryRunner(
             store,
-            slurm,
+            self.gate,
             config,
             crash_hook=lambda phase: crash_from_env(f"step_retry:{phase}"),
             isolation=self.isolation,
@@ -173,6 +188,14 @@ class Controller(Ingest):
         except SlurmError as exc:
             log.warning("replace %s after its failed deep check: %s (it stays held)", node, exc)
             return
+        current = nodes.get(node)
+        if current is None or owner_of(current, (self.config.slurm_user,)) is Owner.OTHER:
+            # Somebody drained it during the check: theirs now, not a replacement's.
+            why = "not in Slurm" if current is None else f"its reason is {current.reason!r}"
+            self.store.add_event(
+                "deep_check_left", f"{node} not replaced after {check}: {why}", now, node=node
+            )
+            return
         self.executor.execute(Decision([action]), nodes, self.jobs, now)
 
     def _track_jobs(self, snap: Snapshot, now: float) -> None:
@@ -227,7 +250,7 @@ class Controller(Ingest):
             self._reload_config()
             self._flush_heartbeats()
             return None
-        self.executor.fence = lease
+        self.executor.fence = self.steps.fence = self.checks.fence = lease
         try:
             return self._pass()
         except LeaseLost as exc:
@@ -236,7 +259,7 @@ class Controller(Ingest):
             self.leadership.drop(str(exc))
             return None
         finally:
-            self.executor.fence = None
+            self.executor.fence = self.steps.fence = self.checks.fence = None
 
     def _pass(self) -> Decision | None:
         started = time.monotonic()
@@ -343,7 +366,7 @@ class Controller(Ingest):
         ``alive`` is called after every pass (the systemd watchdog ping), and while a
         long provider command runs.
         """
-        self.executor.keepalive = alive
+        self.executor.keepalive = self.gate.keepalive = alive
         while not stop.is_set():
             try:
                 self.reconcile_once()

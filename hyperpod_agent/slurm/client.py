@@ -12,7 +12,9 @@ import logging
 import os
 import re
 import subprocess
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from hyperpod_agent.errors import SlurmError, SlurmTimeout
@@ -91,6 +93,8 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
         # The user's SLURM_TIME_FORMAT (e.g. "relative") would change what scontrol prints.
         merged["SLURM_TIME_FORMAT"] = "standard"
         self.env = merged
+        # A per-thread upper bound on every command's time (``bounded``).
+        self._bound = threading.local()
 
     # --- plumbing ----------------------------------------------------------------------------
 
@@ -101,8 +105,22 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
             raise SlurmError(list(argv), proc.returncode, proc.stderr or proc.stdout)
         return proc.stdout
 
+    @contextmanager
+    def bounded(self, seconds: float) -> Iterator[None]:
+        """Every command this thread runs inside finishes within ``seconds`` (or
+        SlurmTimeout): the controller's gate keeps a change inside its lease."""
+        outer = getattr(self._bound, "s", None)
+        self._bound.s = seconds if outer is None else min(outer, seconds)
+        try:
+            yield
+        finally:
+            self._bound.s = outer
+
     def _exec(self, argv: list[str], timeout: float | None) -> subprocess.CompletedProcess[str]:
         limit = self.timeout if timeout is None else timeout
+        bound = getattr(self._bound, "s", None)
+        if bound is not None:
+            limit = min(limit, bound)
         conf = self.slurm_conf
         if conf is not None and not conf.is_file():
             # Without a readable slurm.conf every Slurm tool retries for 60 s before failing.

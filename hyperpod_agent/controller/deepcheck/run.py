@@ -31,6 +31,7 @@ import pwd
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
+from typing import Any
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import DeepCheckConfig
@@ -44,10 +45,12 @@ from hyperpod_agent.controller.deepcheck.outcomes import (
     timed_out,
     write_script,
 )
+from hyperpod_agent.controller.gate import Gate, gated
 from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.providers.base import SlurmApi
-from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome
+from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome, PhaseMoved
 from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.errors import ConfigError, SlurmError
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
@@ -72,21 +75,24 @@ class CheckRunner:
     def __init__(
         self,
         store: Store,
-        slurm: SlurmApi,
+        slurm: SlurmApi | Gate,
         deep: DeepCheckConfig,
         slurm_users: Sequence[str],
         escalate: Escalate | None = None,
         isolation: Isolation | None = None,
     ) -> None:
-        self.store, self.slurm, self.deep = store, slurm, deep
+        self.store, self.deep = store, deep
         self.slurm_users = tuple(slurm_users)
+        self.slurm = gated(slurm, self.slurm_users)
+        # The leader's lease while a pass runs with [ha] (phase writes are fenced).
+        self.fence: Lease | None = None
         self.escalate = escalate
         self.uid = os.getuid()  # Slurm records it as the owner of the jobs we submit
         self.user = pwd.getpwuid(self.uid).pw_name
         # One run or orphan that raises is skipped, never the pass (the service
         # passes its own, which records events and quarantines).
         self.isolation = isolation or Isolation(_no_event, time.time)
-        self.orphans = ReservationSweep(store, slurm, self.user, self.uid, self.isolation)
+        self.orphans = ReservationSweep(store, self.slurm, self.user, self.uid, self.isolation)
 
     def advance(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> int:
         """One step of every open run; how many changed Slurm."""
@@ -114,6 +120,9 @@ class CheckRunner:
     ) -> int:
         try:
             return self._steps(run, nodes, jobs, now)
+        except PhaseMoved as exc:
+            log.warning("deep check run %d: %s", run.id, exc)
+            return 0
         except SlurmError as exc:
             # Retried next pass; a run that cannot get its Slurm step done is ended
             # at its deadline (running) or by a later failure.
@@ -174,7 +183,7 @@ class CheckRunner:
         if changed:
             return changed
         if all(nodes[n].state in ("IDLE", "DOWN") for n in run.nodes):
-            self.store.set_check_phase(run.id, "reserve", now)
+            self._phase(run, "reserve", now)
             return 0
         if now - run.created_at > self.deep.drain_timeout_s:
             busy = [n for n in run.nodes if nodes[n].state not in ("IDLE", "DOWN")]
@@ -191,12 +200,12 @@ class CheckRunner:
             minutes = math.ceil(limit / 60.0) * 2 + 10  # outlives the run and its restore
             try:
                 self.slurm.create_maint_reservation(
-                    run.reservation, run.nodes, minutes, (self.user,)
+                    run.reservation, run.nodes, minutes, (self.user,), seen=run.prior
                 )
             except SlurmError as exc:
                 return self._fail(run, f"maintenance reservation refused: {exc}", now)
-        self.store.set_check_phase(
-            run.id,
+        self._phase(
+            run,
             "resume",
             now,
             events=[self._event("deep_check_reserved", run, f"reservation {run.reservation}")],
@@ -212,9 +221,9 @@ class CheckRunner:
             reason = node.reason.strip()
             if reason not in (run.prior.get(name, "").strip(), DRAIN_FIRST_REASON):
                 return self._fail(run, f"{name}: its reason is now {reason!r}", now)
-            self.slurm.resume(name)
+            self.slurm.resume(name, handed=run.prior.get(name))
             changed += 1
-        self.store.set_check_phase(run.id, "submit", now)
+        self._phase(run, "submit", now)
         return changed
 
     def _submit(self, run: CheckRun, jobs: Mapping[int, Job], now: float) -> int:
@@ -241,8 +250,8 @@ class CheckRunner:
             except SlurmError as exc:
                 return self._fail(run, f"check job refused: {exc}", now)
         message = f"job {job_id} running the {run.level} checks"
-        self.store.set_check_phase(
-            run.id,
+        self._phase(
+            run,
             "running",
             now,
             job_id=job_id,
@@ -270,7 +279,7 @@ class CheckRunner:
                 o if o.outcome != "UNKNOWN" or o.check else timed_out(o, deadline - run.updated_at)
                 for o in outcomes
             ]
-        self.store.set_check_phase(run.id, "restore", now, outcomes=outcomes)
+        self._phase(run, "restore", now, outcomes=outcomes)
         return 0
 
     def _restore(
@@ -294,7 +303,7 @@ class CheckRunner:
             events.append(self._outcome_event(run, o))
             metrics.DEEP_CHECKS.labels(run.purpose, o.outcome).inc()
         events.append(self._event("deep_check_done", run, f"reservation {run.reservation} removed"))
-        self.store.set_check_phase(run.id, "done", now, events=events, touch_outcomes=True)
+        self._phase(run, "done", now, events=events, touch_outcomes=True)
         metrics.DEEP_CHECK_SECONDS.observe(max(0.0, now - run.created_at))
         if run.purpose == "reentry" and self.escalate is not None:
             for o in outcomes.values():
@@ -337,8 +346,8 @@ class CheckRunner:
         outcomes = [
             NodeOutcome(run.id, n, run.purpose, "UNKNOWN", "", why, False, now) for n in run.nodes
         ]
-        self.store.set_check_phase(
-            run.id,
+        self._phase(
+            run,
             "restore",
             now,
             error=why,
@@ -347,6 +356,11 @@ class CheckRunner:
         )
         log.warning("deep check run %d could not run: %s", run.id, why)
         return 0
+
+    def _phase(self, run: CheckRun, phase: str, now: float, **fields: Any) -> None:
+        """Move ``run`` on from the phase it was read in, fenced with the pass's lease:
+        a deposed leader that wakes mid-run writes nothing (PhaseMoved, LeaseLost)."""
+        self.store.set_check_phase(run.id, phase, now, expect=run.phase, fence=self.fence, **fields)
 
     # -- events ---------------------------------------------------------------------
     def _event(self, kind: str, run: CheckRun, what: str) -> EventIn:

@@ -38,10 +38,13 @@ from typing import Any
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.gate import Gate, Refused, gated
 from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.providers.base import SlurmApi
 from hyperpod_agent.controller.stepretry.orphans import HelperSweep, me
+from hyperpod_agent.controller.store.checks import PhaseMoved
 from hyperpod_agent.controller.store.facade import Store
+from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.controller.store.steps import StepRetry
 from hyperpod_agent.errors import SlurmError
@@ -75,14 +78,19 @@ class StepRetryRunner:
     def __init__(
         self,
         store: Store,
-        slurm: SlurmApi,
+        slurm: SlurmApi | Gate,
         config: ControllerConfig,
         crash_hook: Callable[[str], None] | None = None,
         timer: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         isolation: Isolation | None = None,
     ) -> None:
-        self.store, self.slurm, self.config = store, slurm, config
+        self.store, self.config = store, config
+        self.slurm = gated(slurm, (config.slurm_user,))
+        # The leader's lease while a pass runs with [ha]: phase writes are fenced with
+        # it and compare-and-set on the phase, so a deposed leader that wakes mid-surgery
+        # writes nothing over what the new leader did.
+        self.fence: Lease | None = None
         # Test-only: called after each Slurm step, before its phase is written.
         self._crash_hook = crash_hook or (lambda point: None)
         self._timer = timer
@@ -91,7 +99,7 @@ class StepRetryRunner:
         # passes its own, which records events and quarantines).
         self.isolation = isolation or Isolation(_no_event, time.time)
         self.uid = os.getuid()  # what Slurm records as the owner of the jobs we make
-        self.orphans = HelperSweep(store, slurm, self.ours, self.isolation)
+        self.orphans = HelperSweep(store, self.slurm, self.ours, self.isolation)
 
     def ours(self, job: Job) -> bool:
         """A job this controller made (its uid as Slurm records it)."""
@@ -122,6 +130,9 @@ class StepRetryRunner:
     def _one_surgery(self, run: StepRetry, now: float) -> int:
         try:
             return 1 if self._surgery(run, now) else 0
+        except PhaseMoved as exc:
+            log.warning("step retry %d: %s", run.id, exc)
+            return 0
         except SlurmError as exc:
             # Reading Slurm failed, or a rollback step did: the next pass goes on
             # from the phase the store has.
@@ -297,6 +308,8 @@ class StepRetryRunner:
             run.id,
             nxt,
             now,
+            expect=run.phase,
+            fence=self.fence,
             helper_id=update.get("helper_id"),
             new_nodes=update.get("new_nodes"),
             outcome="RETRYSTEP" if nxt == "done" else None,
@@ -310,6 +323,8 @@ class StepRetryRunner:
             run.id,
             "rollback",
             now,
+            expect=run.phase,
+            fence=self.fence,
             cause=why,
             rollback_from=run.phase,
             events=[self._event("step_retry_failed", run, message)],
@@ -322,13 +337,20 @@ class StepRetryRunner:
         for j in jobs.values():
             if self._helper_of(run, j):
                 self.slurm.cancel(j.job_id)
-        self._unreserve(run)
         job = jobs.get(run.job_id)
         running = job is not None and job.state.upper() == "RUNNING"
         spare = {n.name: n for n in self.slurm.list_nodes()}.get(run.spare)
         in_job = running and job is not None and run.spare in job.nodes
-        if spare is not None and not spare.drained and not in_job:
-            self.slurm.drain(run.spare, SPARE)  # back to the pool, once the helper left it
+        held = any(r.name == run.helper_name for r in self.slurm.reservations())
+        if spare is not None and not spare.drained and not in_job and held:
+            # Back to the pool while its reservation still keeps user jobs off it; a
+            # spare never reserved for us was not ours to take (the expand phase
+            # reserves before it resumes), so one in service then is left alone.
+            try:
+                self.slurm.drain(run.spare, SPARE, expect=("",))
+            except Refused as exc:
+                log.warning("step retry %d: %s left as it is: %s", run.id, run.spare, exc.why)
+        self._unreserve(run)
         actions: list[dict[str, Any]] = []
         note = "the job is no longer running: nothing to requeue"
         if running and job is not None:
@@ -337,6 +359,8 @@ class StepRetryRunner:
             run.id,
             "failed",
             now,
+            expect="rollback",
+            fence=self.fence,
             outcome="REQUEUE",
             events=[self._event("step_retry_requeue", run, f"REQUEUE ({run.cause}): {note}")],
             actions=actions,

@@ -12,8 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from hyperpod_agent.controller.store.dialect import Tx
 from hyperpod_agent.controller.store.findings import FindingLog
+from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.rows import EventIn
+from hyperpod_agent.errors import HyperpodError
 
 # The order a run goes through; ``done`` is the only closed phase.
 PHASES = ("draining", "reserve", "resume", "submit", "running", "restore", "done")
@@ -88,6 +91,29 @@ class NodeOutcome:
         )
 
 
+class PhaseMoved(HyperpodError):
+    """A phase write found the run or surgery no longer in the phase its writer read
+    (another controller moved it on): nothing was written; the writer stops there."""
+
+
+def move_phase(
+    db: Tx, table: str, row_id: int, sets: list[str], args: list[Any], expect: str | None
+) -> None:
+    """``UPDATE table SET ... WHERE id=?``, with ``expect`` only while the row is still in
+    that phase (compare-and-set): PhaseMoved otherwise, and the transaction rolls back."""
+    where = "id=?"
+    params: tuple[Any, ...] = (row_id,)
+    if expect is not None:
+        where, params = "id=? AND phase=?", (row_id, expect)
+    row = db.execute(
+        f"UPDATE {table} SET {', '.join(sets)} WHERE {where} RETURNING phase", (*args, *params)
+    ).fetchone()
+    if row is None and expect is not None:
+        now = db.execute(f"SELECT phase FROM {table} WHERE id=?", (row_id,)).fetchone()
+        found = now[0] if now is not None else "gone"
+        raise PhaseMoved(f"{table} {row_id} is {found!r} now, not {expect!r}: left to its writer")
+
+
 class CheckLog(FindingLog):
     def add_check_run(
         self,
@@ -154,11 +180,15 @@ class CheckLog(FindingLog):
         outcomes: Sequence[NodeOutcome] = (),
         events: Sequence[EventIn] = (),
         touch_outcomes: bool = False,
+        expect: str | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Move a run to ``phase`` with what it learnt, its outcomes and events, in one
         durable transaction. ``touch_outcomes`` dates the run's outcomes ``now``: once
         its nodes are back in place, so a spare re-drained into the pool by the run
-        itself counts as checked since it entered the pool."""
+        itself counts as checked since it entered the pool. ``expect``: only while the
+        run is still in that phase (PhaseMoved otherwise); ``fence``: only while that
+        lease holds (LeaseLost)."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}")
         sets = ["phase=?", "updated_at=?"]
@@ -171,7 +201,9 @@ class CheckLog(FindingLog):
             sets.append("nodes=?")
             args.append(json.dumps(list(nodes)))
         with self._tx(durable=True) as db:
-            db.execute(f"UPDATE deep_checks SET {', '.join(sets)} WHERE id=?", (*args, run_id))
+            if fence is not None:
+                self._check_fence(db, fence, now)
+            move_phase(db, "deep_checks", run_id, sets, args, expect)
             for o in outcomes:
                 db.execute(
                     f"INSERT INTO deep_check_results ({NodeOutcome.COLUMNS}) "

@@ -13,6 +13,7 @@ sharing a database need synchronised clocks and a ``ttl`` well above their skew.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hyperpod_agent.controller.store.database import Database
@@ -38,6 +39,10 @@ class Lease:
 
 class LeaseLog(Database):
     """Acquire, renew and release leases; fence writes with them."""
+
+    # The clock a fence is checked with; the controller sets its own, so a write late
+    # in a long pass is judged at its own time, not the pass's start (``now``).
+    fence_clock: Callable[[], float] | None = None
 
     def lease(self, name: str = LEADER) -> Lease | None:
         rows = self._query(
@@ -96,9 +101,10 @@ class LeaseLog(Database):
             ).fetchone()
         return row is not None
 
-    @staticmethod
-    def _check_fence(db: Tx, fence: Lease, now: float) -> None:
+    def _check_fence(self, db: Tx, fence: Lease, now: float) -> None:
         """Inside the writing transaction: LeaseLost unless ``fence`` still holds."""
+        if self.fence_clock is not None:
+            now = max(now, self.fence_clock())
         held = db.execute(
             "UPDATE leases SET token=token WHERE name=? AND holder=? AND token=? "
             "AND expires_at>? RETURNING token",

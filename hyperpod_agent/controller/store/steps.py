@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from hyperpod_agent.controller.store.checks import CheckLog
+from hyperpod_agent.controller.store.checks import CheckLog, move_phase
+from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.rows import EventIn
 
 # The order a surgery goes through; ``rollback`` undoes what is safe to undo after a
@@ -231,10 +232,13 @@ class StepLog(CheckLog):
         rollback_from: str | None = None,
         events: Sequence[EventIn] = (),
         actions: Sequence[Mapping[str, Any]] = (),
+        expect: str | None = None,
+        fence: Lease | None = None,
     ) -> None:
         """Move a surgery to ``phase`` with what it learnt, its events and the actions it
         implies (``actions``: rows for the intent log, e.g. the requeue of a rolled-back
-        job), in one durable transaction."""
+        job), in one durable transaction. ``expect``: only while the surgery is still in
+        that phase (PhaseMoved otherwise); ``fence``: only while that lease holds."""
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r}")
         sets = ["phase=?", "updated_at=?"]
@@ -251,7 +255,9 @@ class StepLog(CheckLog):
                 sets.append(f"{column}=?")
                 args.append(value)
         with self._tx(durable=True) as db:
-            db.execute(f"UPDATE step_retries SET {', '.join(sets)} WHERE id=?", (*args, retry_id))
+            if fence is not None:
+                self._check_fence(db, fence, now)
+            move_phase(db, "step_retries", retry_id, sets, args, expect)
             for a in actions:
                 db.execute(
                     "INSERT INTO actions (kind, node, job_id, reason, cause, params, state, "
