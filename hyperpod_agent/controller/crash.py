@@ -6,17 +6,26 @@ set in production.
 ``applied`` (Slurm changed, not yet recorded), optionally for one kind only
 (``applied:requeue``), or ``step_retry:<phase>`` (a surgery's Slurm step done, its
 phase not yet written). ``HYPERPOD_TEST_CRASH_AFTER_INTENT=1`` is ``intent``.
+
+``HYPERPOD_TEST_PAUSE_AT`` names a point where the process instead stops itself
+(SIGSTOP), once, as a long GC pause or a frozen VM would: the fencing drills continue
+it (SIGCONT) after another controller took over. Besides the points above:
+``lease_checked`` (a pass just past its lease check) and ``deep_check:reserve`` (a
+check's reservation made, its phase not yet written).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 
 log = logging.getLogger(__name__)
 
 CRASH_ENV = "HYPERPOD_TEST_CRASH_AFTER_INTENT"
 CRASH_AT_ENV = "HYPERPOD_TEST_CRASH_AT"
+PAUSE_AT_ENV = "HYPERPOD_TEST_PAUSE_AT"
+_paused: set[str] = set()
 
 
 def crash_from_env(point: str) -> None:
@@ -25,3 +34,11 @@ def crash_from_env(point: str) -> None:
     if wanted and (point == wanted or point.startswith(wanted + ":")):
         log.critical("%s=%s: exiting abruptly", CRASH_AT_ENV, point)
         os._exit(137)
+    pause = os.environ.get(PAUSE_AT_ENV, "")
+    if pause and (point == pause or point.startswith(pause + ":")) and pause not in _paused:
+        _paused.add(pause)
+        log.critical("%s=%s: stopping until continued (pid %d)", PAUSE_AT_ENV, point, os.getpid())
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        log.critical("%s=%s: continued", PAUSE_AT_ENV, point)

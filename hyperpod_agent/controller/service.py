@@ -251,6 +251,7 @@ class Controller(Ingest):
             self._flush_heartbeats()
             return None
         self.executor.fence = self.steps.fence = self.checks.fence = lease
+        crash_from_env("lease_checked")
         try:
             return self._pass()
         except LeaseLost as exc:

@@ -10,6 +10,8 @@ the dead one started exactly once, and never act while it cannot reach the store
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 from drill_helpers import Drill, wait_for
 
-from hyperpod_agent.controller.crash import CRASH_AT_ENV
+from hyperpod_agent.controller.crash import CRASH_AT_ENV, PAUSE_AT_ENV
 from hyperpod_agent.localcluster import drill, ha, procs, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 
@@ -208,3 +210,115 @@ def test_leader_cut_off_from_the_database_stops_acting_until_it_is_back(d: Drill
         if f"node {victim} reason set to" in ln or f"reboot request queued for nodes {victim}" in ln
     ]
     assert len(taken_out) == 1, taken_out
+
+
+# ------------------------------------------------------------- a frozen leader
+# Lines the gate writes for a call it made; refusals say "NOT made" or "refused".
+MADE = re.compile(
+    r"gate: (drain|resume|reboot|requeue|cancel|shrink|allocate|absorb|submit|"
+    r"reserve|unreserve|replace)\b(?!.*(NOT made|refused|skipped))"
+)
+
+
+def frozen(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): state T in /proc/<pid>/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
+
+
+def arm_pause(d: Drill, point: str) -> str:
+    """Make the leader one that stops itself (SIGSTOP) at ``point``; see ``arm``."""
+    services = d.services
+    leader = the_leader(d)
+    armed = other(d, leader)
+    services.stop(armed)
+    pid = services.start_controller(name=armed, env={PAUSE_AT_ENV: point})
+    services.stop(leader)
+    # Frozen at once when the point is its first pass: it answers nothing then.
+    wait_for(f"{armed} to lead", lambda: frozen(pid) or leaders(d) == [armed], TAKEOVER_S)
+    services.start_controller(name=leader)
+    return armed
+
+
+@pytest.mark.parametrize("point", ["lease_checked", "intent", "deep_check:reserve"])
+def test_a_leader_frozen_for_two_leases_changes_nothing_once_it_wakes(d: Drill, point: str) -> None:
+    """Frozen just past its lease check, inside an intent's apply, or with a deep
+    check's reservation made: the standby takes over and finishes the work; woken, the
+    old leader makes no Slurm change (its gate's log, slurmctld's log) and steps down."""
+    seed = int(os.environ.get("HYPERPOD_DRILL_SEED") or random.randrange(2**32))
+    victim = random.Random(seed).choice(sorted(d.nodes))
+    print(f"seed {seed} (HYPERPOD_DRILL_SEED={seed} replays): {point} with {victim}")
+    armed = arm_pause(d, point)
+    pid = d.services.pid(armed)
+    assert pid is not None
+    try:
+        frozen_and_woken(d, point, armed, pid, victim)
+    finally:
+        os.kill(pid, signal.SIGCONT)  # never leave a stopped process to the next drill
+    d.services.stop(armed)
+    d.services.start_controller(name=armed)
+
+
+def frozen_and_woken(d: Drill, point: str, armed: str, pid: int, victim: str) -> None:
+    survivor = other(d, armed)
+    ctld_log = d.cluster.dir / "log" / "slurmctld.log"
+    ctld_start = ctld_log.stat().st_size
+    first_event = d.last_event_id()
+    if point == "deep_check:reserve":
+        res = d.hyperpod("node", "check", victim, "--json")
+        assert res.returncode == 0, res.stderr
+    elif point == "intent":
+        d.inject_xid(victim, 79)
+    wait_for(f"{armed} to freeze at {point}", lambda: frozen(pid), 60)
+    frozen_at = time.monotonic()
+    if point == "lease_checked":
+        d.inject_xid(victim, 79)  # the work the standby must do while the leader is out
+    wait_for(f"{survivor} to lead", lambda: leaders(d) == [survivor], TAKEOVER_S)
+    if point == "deep_check:reserve":
+
+        def finished() -> bool:
+            runs = d.hyperpod_json("checks")
+            return bool(runs) and all(r["phase"] == "done" for r in runs)
+
+        wait_for("the check run finished by the new leader", finished, 120, 0.5)
+    else:
+        wait_for(
+            f"{victim} taken out by {survivor}",
+            lambda: drill.out_of_service(d.slurm, victim),
+            60,
+            detail=d.describe,
+        )
+    # Frozen for at least two leases, whatever the standby took.
+    time.sleep(max(0.0, 2 * ha.LEASE_TTL_S - (time.monotonic() - frozen_at)))
+    log = d.cluster.dir / "log" / f"{armed}.log"
+    woke_at = log.stat().st_size
+    ctld_woke = ctld_log.stat().st_size
+    os.kill(pid, signal.SIGCONT)
+
+    def stepped_down() -> bool:
+        text = log.read_bytes()[woke_at:].decode(errors="replace")
+        return "no longer leads" in text or "lease lost" in text
+
+    wait_for(f"{armed} to step down", stepped_down, 30, 0.3)
+    time.sleep(3 * 2.0)  # a few of its passes (reconcile_interval_s) to act, were it to
+    after = log.read_bytes()[woke_at:].decode(errors="replace")
+    made = [ln for ln in after.splitlines() if MADE.search(ln)]
+    assert made == [], made
+    assert not [ln for ln in after.splitlines() if "hyperpod_agent.slurm.client" in ln], after
+    assert leaders(d) == [survivor]
+    # slurmctld's side: nothing for the victim since the old leader woke, beyond what
+    # the survivor did (its reboot completing, its resume after the reboot or check).
+    text = ctld_log.read_bytes()[ctld_start:].decode(errors="replace")
+    taken = [
+        ln
+        for ln in text.splitlines()
+        if f"node {victim} reason set to" in ln or f"reboot request queued for nodes {victim}" in ln
+    ]
+    assert len(taken) <= 1, taken
+    woke_text = ctld_log.read_bytes()[ctld_woke:].decode(errors="replace")
+    assert "Created reservation" not in woke_text or point != "deep_check:reserve", woke_text
+    story = [e for e in d.events() if e["id"] > first_event]
+    assert takeovers(story) == [survivor], story

@@ -35,6 +35,7 @@ from typing import Any
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.deepcheck import job as check_job
 from hyperpod_agent.controller.deepcheck.orphans import ReservationSweep
 from hyperpod_agent.controller.deepcheck.outcomes import (
@@ -204,6 +205,7 @@ class CheckRunner:
                 )
             except SlurmError as exc:
                 return self._fail(run, f"maintenance reservation refused: {exc}", now)
+            crash_from_env("deep_check:reserve")
         self._phase(
             run,
             "resume",
