@@ -2,7 +2,7 @@
 how long a fault that arrives meanwhile waits.
 
 One local cluster started with ``--with-services --ha`` (2 nodes; PostgreSQL and two
-controllers, lease TTL 3 s, renewed every second). Each of ``--kills`` rounds:
+controllers at the shipped lease: TTL 4 s, renewed every second). Each of ``--kills`` rounds:
 
   kill -9 the leader at t0 and, at the same instant, take a node's data link down (a
   fault that arrives while nobody leads; its agent reports it at once);

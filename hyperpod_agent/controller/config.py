@@ -250,8 +250,11 @@ class HaConfig(BaseModel):
     controller_id: str | None = Field(
         default=None, min_length=1, max_length=128, description="default <hostname>:<listen_port>"
     )
-    lease_ttl_s: float = Field(default=6.0, gt=0, le=600)
-    renew_every_s: float = Field(default=2.0, gt=0, le=300)
+    # A leader that dies is replaced within about lease_ttl_s (takeover p50 4 s here,
+    # bench/failover.py); renewing every second costs each controller one row update
+    # a second.
+    lease_ttl_s: float = Field(default=4.0, gt=0, le=600)
+    renew_every_s: float = Field(default=1.0, gt=0, le=300)
     clock_margin_s: float = Field(
         default=0.5,
         ge=0,

@@ -16,6 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from hyperpod_agent.controller.config import HaConfig
 from hyperpod_agent.localcluster import procs
 from hyperpod_agent.localcluster.postgres import PostgresServer, require_binaries
 from hyperpod_agent.localcluster.shape import Shape
@@ -23,10 +24,9 @@ from hyperpod_agent.localcluster.shape import Shape
 DATABASE = "hyperpod"
 ROLE = "hyperpod"
 CONTROLLERS = ("controller", "controller-b")  # the first leads at start
-# Short, as the local cluster's other timings: a takeover within 5 s needs a TTL that
-# ends well before (the leader stops acting renew_every_s before its lease ends).
-LEASE_TTL_S = 3.0
-RENEW_EVERY_S = 1.0
+# The shipped lease, as an admin gets it: the drills and bench/failover.py measure it.
+LEASE_TTL_S = HaConfig.model_fields["lease_ttl_s"].default
+RENEW_EVERY_S = HaConfig.model_fields["renew_every_s"].default
 
 
 def controller_port(shape: Shape, name: str) -> int:
@@ -57,8 +57,6 @@ def store_section(shape: Shape, name: str) -> dict[str, object]:
         "ha": {
             "enabled": True,
             "controller_id": name,
-            "lease_ttl_s": LEASE_TTL_S,
-            "renew_every_s": RENEW_EVERY_S,
         },
     }
 

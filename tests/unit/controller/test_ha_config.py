@@ -21,7 +21,7 @@ PG = 'store = "postgresql://hyperpod@db.example:5432/hyperpod"\n'
 def test_ha_is_off_by_default_with_working_defaults() -> None:
     cfg = ControllerConfig()
     assert cfg.ha.enabled is False
-    assert (cfg.ha.lease_ttl_s, cfg.ha.renew_every_s) == (6.0, 2.0)
+    assert (cfg.ha.lease_ttl_s, cfg.ha.renew_every_s, cfg.ha.clock_margin_s) == (4.0, 1.0, 0.5)
     assert cfg.controller_id() == f"{socket.gethostname()}:{DEFAULT_PORT}"
 
 
@@ -47,6 +47,10 @@ def test_ha_on_postgresql_parses() -> None:
         ),
         (PG + "[ha]\nlease_ttl_s = 4\nrenew_every_s = 2\n", "lease_ttl_s (4) must be more"),
         (PG + "[ha]\nrenew_every_s = 0\n", "ha.renew_every_s"),
+        (
+            PG + "[ha]\nlease_ttl_s = 5\nrenew_every_s = 2\nclock_margin_s = 2.5\n",
+            "the shortest a Slurm change is given",
+        ),
         (PG + '[ha]\ncontroller_id = ""\n', "ha.controller_id"),
         (PG + "[ha]\nenable = true\n", "ha.enable"),
     ],

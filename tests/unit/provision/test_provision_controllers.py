@@ -292,9 +292,9 @@ def test_lease_timing_is_checked() -> None:
     assert problems(data) == [
         "params.json: controller_store: lease_ttl_s (4) must be more than twice renew_every_s (2)"
     ]
-    data["controller_store"] = {"url": STORE_URL, "renew_every_s": 5}  # default ttl 6
+    data["controller_store"] = {"url": STORE_URL, "renew_every_s": 5}  # default ttl 4
     assert problems(data) == [
-        "params.json: controller_store: lease_ttl_s (6) must be more than twice renew_every_s (5)"
+        "params.json: controller_store: lease_ttl_s (4) must be more than twice renew_every_s (5)"
     ]
 
 
