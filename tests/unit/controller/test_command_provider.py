@@ -138,3 +138,28 @@ def test_a_child_left_holding_stderr_does_not_hold_the_controller(tmp_path: Path
     started = time.monotonic()
     code, err = run_bounded([str(exe), "node1"], {}, 20, None)
     assert code == 0 and time.monotonic() - started < 5
+
+
+def test_a_node_an_admin_drained_while_it_was_replaced_stays_drained(tmp_path: Path) -> None:
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    exe = script(tmp_path, "exit 0\n")
+    slurm = FakeSlurm(cluster(4))
+    store = Store(tmp_path / "s.db")
+    ex = Executor(store, slurm, CommandProvider(slurm, [str(exe)], 30), config())
+    ex.execute(Decision([PlannedAction(Kind.REPLACE, "node3", REASON, "c")]), {}, [], NOW)
+    # The machine came back (a new slurmd), but an admin drained it for their own
+    # work before the controller saw it: completing the replacement must not resume it.
+    later = datetime.fromtimestamp(NOW + 30, UTC)
+    slurm.nodes["node3"] = replace(
+        slurm.nodes["node3"],
+        flags=frozenset({"DRAIN"}),
+        reason="burn-in by the vendor",
+        slurmd_start_time=later,
+    )
+    ex.process_open(slurm.nodes, [], NOW + 31)
+    assert slurm.nodes["node3"].reason == "burn-in by the vendor"
+    assert ("resume", "node3") not in slurm.calls
+    assert store.open_actions() == []
+    assert "not resumed" in store.events()[-1].message
