@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from drill_helpers import Drill, wait_for
+from tcp_proxy import TcpProxy
 
 from hyperpod_agent.controller.crash import CRASH_AT_ENV, PAUSE_AT_ENV
 from hyperpod_agent.localcluster import drill, ha, procs, reset
@@ -331,3 +332,63 @@ def frozen_and_woken(
     story = [e for e in d.events() if e["id"] > first_event]
     # armed took the lead to be frozen, the survivor took it from the frozen one
     assert takeovers(story) == [armed, survivor], story
+
+
+# ------------------------------------------------------- a one-sided partition
+def test_a_leader_cut_off_from_the_database_but_not_from_slurm_stops_within_its_lease(
+    d: Drill,
+) -> None:
+    """The leader's connection to PostgreSQL goes through a proxy the drill blackholes;
+    it still reaches Slurm. It stops acting within its lease, the standby leads and
+    handles a fault on a node chosen at random, and the cut-off one makes no change."""
+    seed = int(os.environ.get("HYPERPOD_DRILL_SEED") or random.randrange(2**32))
+    victim = random.Random(seed).choice(sorted(d.nodes))
+    print(f"seed {seed} (HYPERPOD_DRILL_SEED={seed} replays): fault on {victim}")
+    services = d.services
+    proxy = TcpProxy(ha.database_port(d.cluster.shape))
+    first = the_leader(d)
+    cut_off, survivor = other(d, first), first
+    toml = d.cluster.dir / "etc" / f"{cut_off}.toml"
+    original = toml.read_text()
+    db = f"127.0.0.1:{ha.database_port(d.cluster.shape)}"
+    assert db in original
+    try:
+        toml.write_text(original.replace(db, f"127.0.0.1:{proxy.port}"))
+        services.stop(cut_off)
+        services.start_controller(name=cut_off)  # on the proxy now
+        services.stop(survivor)
+        wait_for(f"{cut_off} to lead", lambda: leaders(d) == [cut_off], TAKEOVER_S)
+        services.start_controller(name=survivor)
+        log = d.cluster.dir / "log" / f"{cut_off}.log"
+        ctld_log = d.cluster.dir / "log" / "slurmctld.log"
+        ctld_start = ctld_log.stat().st_size
+        proxy.cut()
+        cut_at = time.monotonic()
+        wait_for(f"{survivor} to lead", lambda: leaders(d) == [survivor], TAKEOVER_S)
+        # Its own gauge says it stopped, within its lease of the cut.
+        assert gauge(d, cut_off) != 1.0
+        assert time.monotonic() - cut_at < ha.LEASE_TTL_S + TAKEOVER_S
+        after_lease = log.stat().st_size
+        d.inject_xid(victim, 79)
+        wait_for(
+            f"{victim} taken out by {survivor}",
+            lambda: drill.out_of_service(d.slurm, victim),
+            60,
+            detail=d.describe,
+        )
+        text = log.read_bytes()[after_lease:].decode(errors="replace")
+        made = [ln for ln in text.splitlines() if MADE.search(ln)]
+        assert made == [], made
+        changes = ctld_log.read_bytes()[ctld_start:].decode(errors="replace")
+        taken = [
+            ln
+            for ln in changes.splitlines()
+            if f"node {victim} reason set to" in ln
+            or f"reboot request queued for nodes {victim}" in ln
+        ]
+        assert len(taken) == 1, taken
+    finally:
+        toml.write_text(original)
+        services.stop(cut_off)
+        proxy.close()
+        services.start_controller(name=cut_off)
