@@ -27,7 +27,6 @@ from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.api import views
 from hyperpod_agent.controller.api.callers import (
-    ERRORS,
     admin_only,
     identity_of,
     node_itself,
@@ -41,6 +40,7 @@ from hyperpod_agent.controller.api.guard import (
 from hyperpod_agent.controller.api.jobs import add_job_routes
 from hyperpod_agent.controller.api.models import (
     ERROR_CODES,
+    ERRORS,
     Accepted,
     ActionAccepted,
     AdminActionIn,

@@ -10,13 +10,6 @@ from fastapi import Depends, Request
 
 from hyperpod_agent.auth.config import NODE_NAME, AuthError, Identity, require_node
 from hyperpod_agent.controller.api.guard import raw_json
-from hyperpod_agent.controller.api.models import ERROR_CODES, ErrorOut
-
-MAX_INT64 = 2**63 - 1  # SQLite's INTEGER
-# Every error a route may answer, in the OpenAPI description
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorOut} for status in sorted(set(ERROR_CODES.values()))
-}
 
 
 def identity_of(request: Request) -> Identity:

@@ -11,8 +11,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hyperpod_agent.auth.config import AuthError, describe
 from hyperpod_agent.controller.api import views
-from hyperpod_agent.controller.api.callers import ERRORS, MAX_INT64, admin_only, identity_of
+from hyperpod_agent.controller.api.callers import admin_only, identity_of
 from hyperpod_agent.controller.api.models import (
+    ERRORS,
+    MAX_INT64,
     JobDetail,
     JobEndedIn,
     JobEndedOut,

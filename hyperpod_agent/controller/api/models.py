@@ -338,3 +338,10 @@ class StepRetryOut(BaseModel):
 # JobOut names StepRetryOut, defined after it.
 JobOut.model_rebuild()
 JobDetail.model_rebuild()
+
+
+MAX_INT64 = 2**63 - 1  # SQLite's INTEGER
+# Every error a route may answer, in the OpenAPI description
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorOut} for status in sorted(set(ERROR_CODES.values()))
+}
