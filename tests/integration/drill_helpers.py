@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import secrets
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,4 +333,190 @@ class Drill:
             timeout=left(),
             step=0.5,
             detail=self.status,
+        )
+
+
+# ---------------------------------------------------------------------------------------
+# Shared by the drills that run a real fault during something else (the hostile-user
+# drills, tests/integration/test_hostile_*.py): what test_fault_drills.py measures, the
+# fixture every first-fault drill starts from, the reconcile loop's pass counter, and
+# seeded random choices of the node a fault lands on.
+
+DETECT_S = 20.0  # fault injected -> node taken out (measured ~1-3 s; bench/detect_drain.py)
+REBOOT_S = 60.0  # reboot of an idle node -> in service (~2-5 s; ~37 s when Slurm misses the boot)
+SEED_ENV = "HYPERPOD_DRILL_SEED"  # set it to the seed a drill printed to replay its choices
+XID79_REASON = "hyperpod:reboot gpu3 xid79"  # what the controller drains an XID 79 node with
+LOCAL_RECONCILE_S = 2.0  # the local cluster's reconcile_interval_s (localcluster/services.py)
+
+
+def fresh_drill(cluster: LocalCluster) -> Iterator[Drill]:
+    """A fixture's body: a controller on empty state (every fault a first fault), the
+    cluster restored before and after. ``yield from fresh_drill(service_cluster)``."""
+    drill = Drill(cluster)
+    drill.fresh_controller()
+    drill.restore()
+    yield drill
+    drill.restore()
+
+
+def taken_out(node: Node) -> bool:
+    """Out of service by the controller: drained or rebooting, with a reason we own."""
+    return node.reason.startswith("hyperpod:") and (node.drained or bool(node.flags & REBOOT_FLAGS))
+
+
+def back_in_service(node: Node) -> bool:
+    return (
+        node.state == "IDLE"
+        and not node.drained
+        and not node.flags & REBOOT_FLAGS
+        and node.responding
+        and not node.reason
+    )
+
+
+def new_events(drill: Drill, since: int, node: str | None = None) -> list[dict[str, Any]]:
+    return [e for e in drill.events(node) if int(e["id"]) > since]
+
+
+def metric(url: str, name: str, labels: str) -> float:
+    """One sample of ``name{labels}`` from the /metrics page at ``url`` (0 when absent)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def passes(url: str) -> dict[str, float]:
+    """``hyperpod_controller_passes_total`` by outcome (``ok``, ``error``...), from the
+    controller's /metrics at ``url``."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.findall(r'^hyperpod_controller_passes_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
+    return {outcome: float(value) for outcome, value in found}
+
+
+def kept_passing(url: str, before: dict[str, float], since: float) -> dict[str, float]:
+    """Asserts that the reconcile loop kept passing since the monotonic time ``since``,
+    when ``before`` (``passes(url)``) was read: at least one good pass per two reconcile
+    intervals (half the local cluster's rate of one per 2 s, for a loaded machine), at
+    least two, and none ended in error. Returns the counts now."""
+    now = passes(url)
+    took = time.monotonic() - since
+    wanted = max(2, int(took / (2 * LOCAL_RECONCILE_S)))
+    ran = now.get("ok", 0) - before.get("ok", 0)
+    assert ran >= wanted, f"{ran:g} good passes in {took:.0f} s, wanted {wanted}: {before} {now}"
+    assert now.get("error", 0) == before.get("error", 0), f"passes ended in error: {before} {now}"
+    return now
+
+
+class Dice:
+    """Seeded random choices for one drill, each said on stdout with the seed (pytest
+    shows a failed test's output), so a failure replays: ``HYPERPOD_DRILL_SEED=<seed>``."""
+
+    def __init__(self, drill_name: str) -> None:
+        given = os.environ.get(SEED_ENV, "").strip()
+        self.seed = int(given) if given else secrets.randbits(32)
+        self._rng = random.Random(self.seed)
+        print(f"{drill_name}: seed {self.seed} (replay with {SEED_ENV}={self.seed})")
+
+    def node(self, role: str, eligible: Iterable[str]) -> str:
+        """One node of ``eligible`` for ``role`` (sorted first: the same seed, the same
+        node, whatever order the caller had them in)."""
+        pool = sorted(eligible)
+        if not pool:
+            raise AssertionError(f"no node can be the {role}")
+        chosen = self._rng.choice(pool)
+        print(f"  {role}: {chosen} (of {', '.join(pool)}; seed {self.seed})")
+        return chosen
+
+    def nodes(self, role: str, eligible: Iterable[str], k: int) -> list[str]:
+        """``k`` distinct nodes of ``eligible`` for ``role``, in the order drawn."""
+        pool = sorted(eligible)
+        if len(pool) < k:
+            raise AssertionError(f"{k} nodes wanted for the {role}, only {pool} can be")
+        chosen = self._rng.sample(pool, k)
+        print(f"  {role}: {', '.join(chosen)} (of {', '.join(pool)}; seed {self.seed})")
+        return chosen
+
+
+class RealFault:
+    """A real XID 79 (GPU fallen off the bus) on one node, and what handling it as on any
+    day means (test_fault_drills.py): the node taken out for a reboot under our reason
+    within DETECT_S of the injection, a fault and a reboot event for it, and once the node
+    is idle a reboot (a new slurmd) that puts it back in service within REBOOT_S.
+
+    A thread watches the node from the injection on, so the time it took to take the
+    node out is measured even while the drill's own thread is busy with an attack."""
+
+    WATCH_S = 300.0  # the watcher's own bound: longer than any drill waits for it
+
+    def __init__(self, drill: Drill, node: str) -> None:
+        self.drill = drill
+        self.node = node
+        self.since = 0
+        self.pid: int | None = None
+        self.injected = 0.0
+        self.out_after: float | None = None
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def inject(self) -> None:
+        self.since = self.drill.last_event_id()
+        self.pid = self.drill.cluster.slurmd_pid(self.node)
+        self.drill.inject_xid(self.node, 79, gpu=3, message="GPU has fallen off the bus")
+        self.injected = time.monotonic()
+        self._watcher = threading.Thread(target=self._watch, daemon=True)
+        self._watcher.start()
+
+    def _out(self) -> bool:
+        node = self.drill.node(self.node)
+        return taken_out(node) and node.reason.startswith(XID79_REASON)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.1) and time.monotonic() - self.injected < self.WATCH_S:
+            try:
+                if self._out():
+                    self.out_after = time.monotonic() - self.injected
+                    return
+            except Exception:  # noqa: BLE001 - a slow scontrol: the next look counts
+                continue
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(5)
+
+    def taken_out(self, timeout: float = DETECT_S) -> float:
+        """Seconds from the injection to the node seen out for its reboot under our
+        reason; fails once ``timeout`` has passed since the injection without it."""
+        wait_for(
+            f"{self.node} taken out for its XID 79",
+            lambda: self.out_after is not None,
+            timeout=max(0.1, timeout - (time.monotonic() - self.injected)),
+            step=0.1,
+            detail=self.drill.describe,
+        )
+        assert self.out_after is not None
+        return self.out_after
+
+    def events(self) -> list[dict[str, Any]]:
+        """The node's events since the injection, which must hold the fault and the
+        reboot asked for it."""
+        events = new_events(self.drill, self.since, self.node)
+        assert any(e["kind"] == "fault" and "xid79" in e["cause"] for e in events), events
+        assert any(e["kind"] == "reboot" and "xid79" in e["cause"] for e in events), events
+        return events
+
+    def back(self, timeout: float = REBOOT_S) -> float:
+        """Waits until the node was rebooted (a new slurmd) and is back in service; the
+        seconds that took from the call (the node must be idle by then: a reboot asked
+        with ASAP waits for the node's jobs)."""
+        return wait_for(
+            f"{self.node} rebooted and back in service",
+            lambda: (
+                back_in_service(self.drill.node(self.node))
+                and self.drill.cluster.slurmd_pid(self.node) not in (None, self.pid)
+            ),
+            timeout,
+            detail=self.drill.describe_reboots,
         )

@@ -6,7 +6,8 @@ The attacker does what any user can: submits held jobs named like the controller
 (``hyperpod-expand-²``, ``hyperpod-expand-<a job id>``, and the name of every deep
 check ``GET /v1/checks`` shows while it waits), and fills the scratch tmpfs of a node.
 Meanwhile a real fault (XID 79) hits another node, an admin asks for a deep check of a
-node a victim's job runs on, and the victim's job runs to its end.
+node a victim's job runs on, and the victim's job runs to its end. Which node is filled,
+checked and faulted is drawn at random (seeded; the seed and the nodes are printed).
 
 Nothing of anybody else is drained, resumed, rebooted, replaced, requeued or
 cancelled; the full scratch is drained with our drain-only reason (resumed once it is
@@ -17,29 +18,37 @@ own job and judges the node; no reservation is left; every reconcile pass ends w
 
 from __future__ import annotations
 
-import re
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from drill_helpers import REBOOT_FLAGS, Drill, wait_for
+from drill_helpers import (
+    DETECT_S,
+    REBOOT_FLAGS,
+    REBOOT_S,
+    Dice,
+    Drill,
+    RealFault,
+    back_in_service,
+    fresh_drill,
+    kept_passing,
+    new_events,
+    passes,
+    wait_for,
+)
 from hostile import User, attacker, user_env, user_venv, victim
 
 from hyperpod_agent.controller.deepcheck.outcomes import DRAIN_FIRST_REASON
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.slurm.models import Job, Node
+from hyperpod_agent.slurm.models import Job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
-DETECT_S = 20.0  # as test_fault_drills.py: fault injected -> node taken out
-REBOOT_S = 60.0  # reboot requested -> back in service
 RUN_S = 90.0  # a deep check after the victim's job: the job, then a quick run
-XID_NODE, CHECKED, FILLED = "node2", "node1", "node3"
 # what the controller does to nodes and jobs (events of these kinds name their node)
 ACTING = {"drain", "resume", "reboot", "reset", "replace", "hold", "requeue", "cancel",
           "no_replacement", "step_retry_orphan", "deep_check_orphan"}  # fmt: skip
@@ -71,14 +80,6 @@ class Watch:
         return self.seen
 
 
-def passes(drill: Drill) -> dict[str, float]:
-    """``hyperpod_controller_passes_total`` by outcome, from the controller's /metrics."""
-    with urllib.request.urlopen(drill.services.controller_url + "/metrics", timeout=10) as r:
-        text = r.read().decode()
-    found = re.findall(r'^hyperpod_controller_passes_total\{outcome="(\w+)"\} (\S+)$', text, re.M)
-    return {k: float(v) for k, v in found}
-
-
 def sbatch(user: User, env: dict[str, str], *args: str) -> int:
     res = user.run(["sbatch", "--parsable", *args], env, timeout=20)
     assert res.returncode == 0, (args, res.stderr)
@@ -91,27 +92,32 @@ def job(drill: Drill, job_id: int) -> Job:
     return found
 
 
-def in_service(node: Node) -> bool:
-    return node.state == "IDLE" and not node.drained and not node.reason and node.responding
-
-
 @pytest.fixture(scope="module")
 def drill(service_cluster: LocalCluster) -> Iterator[Drill]:
-    d = Drill(service_cluster)
-    d.fresh_controller()
-    d.restore()
-    yield d
-    d.restore()
+    yield from fresh_drill(service_cluster)
 
 
 def test_a_hostile_user_stops_no_remediation_and_hijacks_no_check(drill: Drill) -> None:
+    dice = Dice("hostile checks")
+    # The attack's two nodes, any two in service.
+    checked, filled = dice.nodes("checked node, full-scratch node", drill.nodes, 2)
+    # The XID lands on any other node in service. Not the full-scratch node: its reboot
+    # keeps the tmpfs and what fills it, so it would come back drained for the full disk
+    # (never "back in service"), and "a full scratch is never rebooted" could not be told
+    # from the XID's reboot. Not the checked node: "drained for its check only, never
+    # rebooted" would say nothing. No spare: out of service, it is the pool's story. No
+    # job runs while the XID is handled (the attacker's are held, the victim's starts
+    # after), so there is no batch host to include. The node left over is the bystander.
+    xid = RealFault(drill, dice.node("XID 79 node", set(drill.nodes) - {checked, filled}))
+    (bystander,) = set(drill.nodes) - {checked, filled, xid.node}
     bad, good = attacker(), victim()
     env = user_env(drill.env, user_venv(REPO))
     out = drill.cluster.dir / "out"
-    ballast = drill.services.scratch(FILLED) / "ballast"
+    ballast = drill.services.scratch(filled) / "ballast"
     theirs: list[int] = []
     since = drill.last_event_id()
-    before = passes(drill)
+    url = drill.services.controller_url
+    before, attack_from = passes(url), time.monotonic()
     watch = Watch(drill)
     try:
         # --- the attack: jobs named like ours, a full scratch --------------------------
@@ -121,40 +127,25 @@ def test_a_hostile_user_stops_no_remediation_and_hijacks_no_check(drill: Drill) 
         fill = bad.run(["sh", "-c", f"head -c 20000000 /dev/zero > {ballast}"], env)
         assert fill.returncode != 0 and "No space left" in fill.stderr, fill
         wait_for(
-            f"the full scratch of {FILLED} reported",
+            f"the full scratch of {filled} reported",
             lambda: any(
                 e["kind"] == "fault" and "fs_full" in e["cause"]
-                for e in drill.events(FILLED)
-                if int(e["id"]) > since
+                for e in new_events(drill, since, filled)
             ),
             timeout=30,
         )
 
         # --- a real fault meanwhile: handled in its usual time ---------------------------
-        pid = drill.cluster.slurmd_pid(XID_NODE)
-        drill.inject_xid(XID_NODE, 79, gpu=3, message="GPU has fallen off the bus")
-        took = wait_for(
-            f"{XID_NODE} taken out",
-            lambda: drill.node(XID_NODE).reason.startswith("hyperpod:reboot gpu3 xid79"),
-            DETECT_S,
-            0.1,
-            detail=drill.describe,
-        )
-        wait_for(
-            f"{XID_NODE} rebooted and back",
-            lambda: (
-                in_service(drill.node(XID_NODE))
-                and drill.cluster.slurmd_pid(XID_NODE) not in (None, pid)
-            ),
-            REBOOT_S,
-            detail=drill.describe_reboots,
-        )
+        xid.inject()
+        took = xid.taken_out(DETECT_S)
+        xid.events()
+        back = xid.back(REBOOT_S)
 
         # --- a deep check under a name the attacker can read ----------------------------
-        mine = sbatch(good, env, "-w", CHECKED, "-N1", f"--output={out}/victim-%j.out",
+        mine = sbatch(good, env, "-w", checked, "-N1", f"--output={out}/victim-%j.out",
                       "--wrap", "sleep 15; echo done")  # fmt: skip
         wait_for("the victim's job running", lambda: job(drill, mine).state == "RUNNING")
-        asked = drill.hyperpod_json("node", "check", CHECKED, "--drain-first")
+        asked = drill.hyperpod_json("node", "check", checked, "--drain-first")
         run_id, name = int(asked["id"]), str(asked["reservation"])
         seen = bad.run(["hyperpod", "checks", "--json"], env)
         assert seen.returncode == 0 and name in seen.stdout, seen.stderr  # public
@@ -168,41 +159,41 @@ def test_a_hostile_user_stops_no_remediation_and_hijacks_no_check(drill: Drill) 
         )
         run: dict[str, Any] = drill.hyperpod_json("checks", str(run_id))
         assert run["job_id"] not in theirs, run
-        assert [(o["node"], o["outcome"]) for o in run["outcomes"]] == [(CHECKED, "OK")], run
-        wait_for(f"{CHECKED} back in service", lambda: in_service(drill.node(CHECKED)), 10)
+        assert [(o["node"], o["outcome"]) for o in run["outcomes"]] == [(checked, "OK")], run
+        wait_for(f"{checked} back in service", lambda: back_in_service(drill.node(checked)), 10)
         time.sleep(6)  # a few more passes (2 s) with the attack still in place
     finally:
+        xid.stop()
         seen_states = watch.stop()
-        after = passes(drill)
         left_alone = {job_id: job(drill, job_id).state for job_id in theirs}
         for job_id in theirs:
             drill.slurm.cancel(job_id)
         ballast.unlink(missing_ok=True)
 
-    # the real fault was handled as in the fault drills
+    print(f"  XID node out {took:.1f} s after the XID, back {back:.1f} s later")
+    # the real fault was handled as in the fault drills (taken_out/back bound the times)
     assert took < DETECT_S
-    # every pass ended well while the attack ran
-    assert after.get("ok", 0) > before.get("ok", 0) + 10, (before, after)
-    assert after.get("error", 0) == before.get("error", 0), (before, after)
+    # the reconcile loop kept passing while the attack ran, every pass ending well
+    kept_passing(url, before, attack_from)
     # the victim's job ran to its end, untouched
     victims = job(drill, mine)
     assert (victims.state, victims.exit_code, victims.restart_count) == ("COMPLETED", 0, 0)
     # the attacker's jobs were left as they were (then cancelled by the test)
     assert set(left_alone.values()) == {"PENDING"}, left_alone
-    events = [e for e in drill.events() if int(e["id"]) > since]
+    events = new_events(drill, since)
     acted = [e for e in events if e["kind"] in ACTING]
-    assert {e["node"] for e in acted} <= {XID_NODE, FILLED}, acted
-    assert {e["kind"] for e in acted if e["node"] == FILLED} <= {"drain", "resume"}, acted
+    assert {e["node"] for e in acted} <= {xid.node, filled}, acted
+    assert {e["kind"] for e in acted if e["node"] == filled} <= {"drain", "resume"}, acted
     assert not [e for e in events if e["kind"] in ("item_error", "policy_error")], events
     # the full scratch: drained (drain-only), never for a reboot or a replacement
-    filled = seen_states[FILLED]
-    assert not any(rebooting for _, rebooting in filled), filled
-    assert all(r == "" or r.startswith("hyperpod:drain scratch fs_") for r, _ in filled), filled
+    full = seen_states[filled]
+    assert not any(rebooting for _, rebooting in full), full
+    assert all(r == "" or r.startswith("hyperpod:drain scratch fs_") for r, _ in full), full
     # the checked node: drained for its check only, never rebooted
-    checked = seen_states[CHECKED]
-    assert {r for r, _ in checked} <= {"", DRAIN_FIRST_REASON}, checked
-    assert not any(rebooting for _, rebooting in checked), checked
-    assert seen_states["node4"] == {("", False)}, seen_states["node4"]
+    held = seen_states[checked]
+    assert {r for r, _ in held} <= {"", DRAIN_FIRST_REASON}, held
+    assert not any(rebooting for _, rebooting in held), held
+    assert seen_states[bystander] == {("", False)}, seen_states[bystander]
     # no reservation left held
     left = [r.name for r in drill.slurm.reservations() if r.name.startswith("hyperpod-")]
     assert left == [], left

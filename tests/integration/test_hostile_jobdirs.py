@@ -12,6 +12,11 @@ directories alone (never adopted, chowned or removed, also not by the epilog), t
 job what it goes without, and gives it a checkpoint directory named after its job key,
 which the attacker could not know. Nothing of the victim's lands in the attacker's
 directories, and nothing of the attacker's passes for the victim's records.
+
+It runs on the service cluster (the controller and an agent per node): with the
+directories squatted, a real XID 79 hits a node drawn at random (seeded; the seed and
+the node are printed) and is handled in its usual time while the victim's job runs, and
+every reconcile pass of the whole attack ends well.
 """
 
 from __future__ import annotations
@@ -26,12 +31,24 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
+from drill_helpers import (
+    DETECT_S,
+    REBOOT_S,
+    Dice,
+    Drill,
+    RealFault,
+    fresh_drill,
+    kept_passing,
+    passes,
+    wait_for,
+)
 from hostile import User, attacker, user_env, user_venv, victim
 
-pytestmark = pytest.mark.slurm
+from hyperpod_agent.localcluster.cluster import LocalCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(420)]
 
 REPO = Path(__file__).resolve().parents[2]
 AHEAD = 5  # job ids the attacker takes
@@ -118,7 +135,12 @@ def _tree(d: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.fixture
-def squatted(local_cluster: Any) -> Iterator[list[Path]]:
+def drill(service_cluster: LocalCluster) -> Iterator[Drill]:
+    yield from fresh_drill(service_cluster)
+
+
+@pytest.fixture
+def squatted(drill: Drill) -> Iterator[list[Path]]:
     """The attacker's directories (removed at the end, so later jobs run as usual)."""
     made: list[Path] = []
     yield made
@@ -127,12 +149,16 @@ def squatted(local_cluster: Any) -> Iterator[list[Path]]:
 
 
 def test_squatted_directories_cost_the_victims_job_nothing_but_features(
-    local_cluster: Any, squatted: list[Path], shared_tmp: Path
+    drill: Drill, squatted: list[Path], shared_tmp: Path
 ) -> None:
+    dice = Dice("hostile job directories")
+    local_cluster = drill.cluster
     env = local_cluster.env
     shape = local_cluster.shape
     bindir = user_venv(REPO)
     bad, good = attacker(), victim()
+    url = drill.services.controller_url
+    before_passes, attack_from = passes(url), time.monotonic()
 
     # The attacker takes the next AHEAD job ids in every root of every node.
     first = _next_job_id(env)
@@ -152,10 +178,35 @@ def test_squatted_directories_cost_the_victims_job_nothing_but_features(
     before = {str(d): _tree(d) for d in squatted}
     assert all(owner == bad.uid for t in before.values() for owner, _ in t.values())
 
-    # The victim's training job: progress through hyperpod_agent.progress, a checkpoint.
-    job, output = _submit(good, local_cluster, bindir, shared_tmp)
-    assert job in ids, f"job {job} is not one the attacker took ({ids}): the drill proves nothing"
-    assert _wait_done(job, env) == "COMPLETED", _run(["scontrol", "show", "job", job], env).stdout
+    # A real fault with the directories squatted: XID 79 on any node in service (every
+    # node's roots are squatted alike). Injected before the victim's job is submitted,
+    # handled while it runs: the job cannot be placed on the node going out. Not under
+    # the victim's job: that is an auto-resume job, which the fault would rightly
+    # requeue onto a spare, and "runs to completion unaffected" would say nothing.
+    # No spare: out of service, a fault there is the pool's story.
+    xid = RealFault(drill, dice.node("XID 79 node", drill.nodes))
+    try:
+        xid.inject()
+        took = xid.taken_out(DETECT_S)
+
+        # The victim's training job: progress through hyperpod_agent.progress, a checkpoint.
+        job, output = _submit(good, local_cluster, bindir, shared_tmp)
+        assert job in ids, (
+            f"job {job} is not one the attacker took ({ids}): the drill proves nothing"
+        )
+        state = _wait_done(job, env)
+        assert state == "COMPLETED", _run(["scontrol", "show", "job", job], env).stdout
+        xid.events()
+        back = xid.back(REBOOT_S)
+        # two more passes with the directories still squatted and the job's done
+        ran = passes(url).get("ok", 0)
+        wait_for("two more passes", lambda: passes(url).get("ok", 0) >= ran + 2, 30, 0.5)
+    finally:
+        xid.stop()
+    print(f"  XID node out {took:.1f} s after the XID, back {back:.1f} s after the job ended")
+    # the fault was handled in its usual time, and every pass of the attack ended well
+    assert took < DETECT_S
+    kept_passing(url, before_passes, attack_from)
     out = output.read_text()
     result = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
 
@@ -167,6 +218,7 @@ def test_squatted_directories_cost_the_victims_job_nothing_but_features(
     assert len(saved) > 1 and all(owner == good.uid for owner, _ in saved.values())
     # What it went without is said in its stderr, one line per feature and reason.
     node = result["node"]
+    assert node != xid.node, "the victim's job ran on the node going out for its XID"
     for what, path in [
         ("progress directory", shape.progress_root / node / job),
         ("memory tier directory", shape.memory_root / node / job),
@@ -182,7 +234,7 @@ def test_squatted_directories_cost_the_victims_job_nothing_but_features(
     assert not any(owner == good.uid for t in after.values() for owner, _ in t.values())
 
 
-def _submit(user: User, cluster: Any, bindir: Path, shared_tmp: Path) -> tuple[str, Path]:
+def _submit(user: User, cluster: LocalCluster, bindir: Path, shared_tmp: Path) -> tuple[str, Path]:
     """sbatch as ``user``: one task running TRAIN with the user venv's python. Returns
     the job id and its output file."""
     train = shared_tmp / "train.py"

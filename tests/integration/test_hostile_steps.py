@@ -5,7 +5,8 @@ The attacker (hostile.py: an unprivileged user of this machine, which every node
 local cluster shares) runs a job of their own and, from inside it, the real
 ``hyperpod step-retry`` with a node list, a start and a budget of their choosing, and
 the API directly with MUNGE credentials their uid makes. The victim runs a job beside
-it, and a real XID 79 hits one of the victim's nodes during the attack. Nothing that is
+it, and a real XID 79 hits one of the victim's nodes during the attack (drawn at random,
+its batch host included: seeded, the seed and the nodes printed). Nothing that is
 not the attacker's may be drained, resumed, rebooted, replaced, requeued or cancelled,
 no spare may move and no reservation be made; the victim's job completes; the reconcile
 loop keeps passing; the fault is handled in its usual time; and a request about a job
@@ -21,23 +22,32 @@ import subprocess
 import threading
 import time
 import tomllib
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from drill_helpers import REBOOT_FLAGS, Drill, wait_for
+from drill_helpers import (
+    DETECT_S,
+    REBOOT_S,
+    XID79_REASON,
+    Dice,
+    Drill,
+    RealFault,
+    fresh_drill,
+    kept_passing,
+    passes,
+    wait_for,
+)
 from hostile import User, attacker, user_env, user_venv, victim
 
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
+from hyperpod_agent.slurm.models import ENDED_STATES, Job
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
-DETECT_S = 20.0  # XID injected -> node taken out (test_fault_drills.py: measured ~1-3 s)
 GRACE_S = 60.0  # snapshot.WATCH_GRACE_S: how long a told-to-end step holds its job
 UNKNOWN_JOB = 987654321
 ROUNDS = 15  # runs of the real helper inside the attacker's job
@@ -199,8 +209,8 @@ class Cluster:
     def running(self, job_id: int) -> tuple[str, ...]:
         """The job's nodes once it runs, and the controller's next passes have seen it."""
         wait_for(f"job {job_id} running", lambda: self.job(job_id).state == "RUNNING", 60, 0.3)
-        passes = self.passes()
-        wait_for("two passes", lambda: self.passes() >= passes + 2, 30, 0.3)
+        passed = self.passes()
+        wait_for("two passes", lambda: self.passes() >= passed + 2, 30, 0.3)
         return self.job(job_id).nodes
 
     def ended(self, job_id: int, timeout: float) -> Job:
@@ -221,12 +231,7 @@ class Cluster:
 
     def passes(self) -> float:
         """``hyperpod_controller_passes_total{outcome="ok"}``."""
-        with urllib.request.urlopen(f"{self.url}/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-        for line in text.splitlines():
-            if line.startswith('hyperpod_controller_passes_total{outcome="ok"} '):
-                return float(line.split()[-1])
-        return 0.0
+        return passes(self.url).get("ok", 0.0)
 
     def rpcs(self) -> dict[str, int]:
         """slurmctld's count of the RPCs it served, by message type (``sdiag``)."""
@@ -240,11 +245,7 @@ class Cluster:
 
 @pytest.fixture
 def drill(service_cluster: LocalCluster) -> Iterator[Drill]:
-    d = Drill(service_cluster)
-    d.fresh_controller()
-    d.restore()
-    yield d
-    d.restore()
+    yield from fresh_drill(service_cluster)
 
 
 @pytest.fixture
@@ -252,22 +253,17 @@ def site(drill: Drill, shared_tmp: Path) -> Cluster:
     return Cluster(drill, shared_tmp)
 
 
-def out_of_service(node: Node) -> bool:
-    """Taken out by the controller: drained or rebooting, under a reason of ours."""
-    return node.reason.startswith("hyperpod:") and (node.drained or bool(node.flags & REBOOT_FLAGS))
-
-
 def refusals_read_no_slurm(site: Cluster, bad: User, victims_job: int, target: str) -> str:
     """Questions about jobs the attacker may not ask about cost no Slurm read: while
     nothing but the passes reads slurmctld's job and node lists, the refusals add none.
     Returns what was measured."""
-    passes, rpcs = site.passes(), site.rpcs()
+    passed, rpcs = site.passes(), site.rpcs()
     started = time.monotonic()
     refused = site.api(
         bad, "refused", 60, victim_job=victims_job, unknown_job=UNKNOWN_JOB, target=target
     )
     took = time.monotonic() - started
-    rpcs_after, ran = site.rpcs(), site.passes() - passes
+    rpcs_after, ran = site.rpcs(), site.passes() - passed
     reads = {
         k: rpcs_after.get(k, 0) - rpcs.get(k, 0) for k in ("REQUEST_JOB_INFO", "REQUEST_NODE_INFO")
     }
@@ -283,11 +279,22 @@ def refusals_read_no_slurm(site: Cluster, bad: User, victims_job: int, target: s
 
 
 def test_the_step_routes_take_nothing_an_attacker_says_on_trust(site: Cluster) -> None:
+    dice = Dice("hostile steps")
     bad, good = attacker(), victim()
     slurm = site.slurm
-    theirs = site.sbatch(good, "-N2", "-o", "/dev/null", "--wrap", "srun sleep 120")
+    # The victim's two nodes are drawn too: across runs the fault meets every node.
+    placed = dice.nodes("victim's nodes", site.drill.nodes, 2)
+    theirs = site.sbatch(
+        good, "-N2", "-w", ",".join(placed), "-o", "/dev/null", "--wrap", "srun sleep 120"
+    )
     victims_nodes = site.running(theirs)
-    target = sorted(victims_nodes)[-1]
+    # The attack names a node of somebody else's running job, to have its fault count
+    # for the attacker's job: the XID lands on either of the victim's nodes, its batch
+    # host included (a batch host cannot be shrunk away). Not the attacker's own node:
+    # a retry there would be their due, and "every round FAIL" would say nothing.
+    target = dice.node("XID 79 node", victims_nodes)
+    print(f"  the victim's batch host: {site.job(theirs).batch_host}")
+    xid = RealFault(site.drill, target)
     go, out = site.out("go"), site.out("attack")
     script = site.shared_file("attack.sh", ATTACK_JOB, 0o755)
     env = {"GO": str(go), "TARGET": target, "ROUNDS": str(ROUNDS)}
@@ -302,7 +309,7 @@ def test_the_step_routes_take_nothing_an_attacker_says_on_trust(site: Cluster) -
 
     # The attack on the attacker's own job, every field they control hostile, with a
     # real fault on the victim's node while it goes on.
-    passes = site.passes()
+    passed = site.passes()
     reservations: list[str] = []
     stop = threading.Event()
 
@@ -319,13 +326,12 @@ def test_the_step_routes_take_nothing_an_attacker_says_on_trust(site: Cluster) -
         go.write_text("go\n")
         go.chmod(0o644)
         time.sleep(2)
-        site.drill.inject_xid(target, 79, gpu=3, message="GPU has fallen off the bus")
+        xid.inject()
         own = site.api(bad, "own", 30, own_job=mine, target=target)
-        handled = wait_for(
-            f"{target} taken out", lambda: out_of_service(slurm.node(target)), DETECT_S, 0.2
-        )
+        handled = xid.taken_out(DETECT_S)  # measured from the injection
         wait_for("the helper's rounds", lambda: "attack done" in out.read_text(), 120, 0.5)
     finally:
+        xid.stop()
         stop.set()
         sampler.join(5)
 
@@ -345,8 +351,9 @@ def test_the_step_routes_take_nothing_an_attacker_says_on_trust(site: Cluster) -
     assert not [r for r in reservations if r.startswith("hyperpod-expand-")], reservations
 
     # the fault was handled as on any day: the victim's node out for a reboot, in time
-    assert slurm.node(target).reason.startswith("hyperpod:reboot gpu3 xid79")
+    assert slurm.node(target).reason.startswith(XID79_REASON)
     assert handled <= DETECT_S
+    xid.events()
     # nothing else moved: no other node, no spare, no job of anyone's
     after = site.drill.states()
     moved = {
@@ -365,17 +372,27 @@ def test_the_step_routes_take_nothing_an_attacker_says_on_trust(site: Cluster) -
     ], events
     attackers_job = site.job(mine)
     assert (attackers_job.state, attackers_job.restart_count) == ("RUNNING", 0)
-    assert site.passes() - passes >= 5, measured  # the loop kept passing through it all
+    assert site.passes() - passed >= 5, measured  # the loop kept passing through it all
     victims_job = site.ended(theirs, 180)
     assert (victims_job.state, victims_job.restart_count) == ("COMPLETED", 0), victims_job
-    print(f"{measured}; the victim's node out {handled:.1f} s after the XID")
+    # its job over, the node is rebooted (ASAP waits for it) and back as on any day
+    back = xid.back(REBOOT_S)
+    print(
+        f"{measured}; the victim's node out {handled:.1f} s after the XID, "
+        f"back {back:.1f} s after the victim's job ended"
+    )
 
 
 def test_a_watch_shields_no_faulty_node_and_ends_with_its_job(site: Cluster) -> None:
+    dice = Dice("hostile watch")
     bad = attacker()
     slurm = site.slurm
-    mine = site.sbatch(bad, "-N1", "-o", "/dev/null", "--wrap", "sleep 400")
-    (node,) = site.running(mine)
+    # The claim is about the attacker's own job: the fault must land on its node (its
+    # batch host, a one-node job), which may be any node in service.
+    node = dice.node("attacker's job node, XID 79 node", site.drill.nodes)
+    mine = site.sbatch(bad, "-N1", "-w", node, "-o", "/dev/null", "--wrap", "sleep 400")
+    assert site.running(mine) == (node,)
+    xid = RealFault(site.drill, node)
     stop = site.out("stop")
     result: dict[str, Any] = {}
 
@@ -387,26 +404,31 @@ def test_a_watch_shields_no_faulty_node_and_ends_with_its_job(site: Cluster) -> 
 
     holder = threading.Thread(target=hold, daemon=True)
     holder.start()
+    passed, watched_from = passes(site.url), time.monotonic()
     try:
         time.sleep(4)  # watched, on a healthy node
-        site.drill.inject_xid(node, 79, gpu=3, message="GPU has fallen off the bus")
+        xid.inject()
         # Told to end, the step does not: its job is left to the retry it would ask for
         # until GRACE_S after the fault, however often it is watched anew; then the
         # node goes out as on any day.
-        wait_for(
-            f"{node} taken out", lambda: out_of_service(slurm.node(node)), GRACE_S + DETECT_S, 0.5
-        )
-        assert slurm.node(node).reason.startswith("hyperpod:reboot gpu3 xid79")
+        handled = xid.taken_out(GRACE_S + DETECT_S)
+        assert slurm.node(node).reason.startswith(XID79_REASON)
+        xid.events()
         # the job ends: its watch is refused from then on, and shields nothing after it
         cancel = bad.run(["scancel", str(mine)], site.env)
         assert cancel.returncode == 0, cancel.stderr
         site.ended(mine, 60)
-        passes = site.passes()
-        wait_for("two passes", lambda: site.passes() >= passes + 2, 30, 0.3)
+        ran = site.passes()
+        wait_for("two passes", lambda: site.passes() >= ran + 2, 30, 0.3)
         time.sleep(2)
+        back = xid.back(REBOOT_S)  # idle now: rebooted and back as on any day
     finally:
+        xid.stop()
         stop.write_text("stop\n")
         holder.join(60)
+    print(f"  {node} out {handled:.1f} s after the XID, back {back:.1f} s after its job")
+    # the reconcile loop kept passing through the watching, every pass ending well
+    kept_passing(site.url, passed, watched_from)
     assert "error" not in result, result["error"]
     seen = result["seen"]
     assert any(end is True for _, status, end in seen if status == 200), seen
