@@ -12,9 +12,12 @@ commonly configured (shown, not waited for): PyTorch's NCCL process-group defaul
 
 Prints per trial and the median / p90 of: detected (freeze -> hang event),
 running again (freeze -> the first line of the new attempt), first new step; and the
-ratio reference / hyperpod.
+ratio reference / hyperpod. Each cadence gets its own cluster, side by side in one run:
+``shipped`` (agents every 5 s, passes every 10 s, as an admin gets them) and ``drill``
+(agents every 1 s, passes every 2 s, as the drills' local cluster runs). The frozen
+rank is on a node of the job drawn at random (the batch host included; ``--seed``).
 
-    .venv/bin/python bench/hang.py --runs 10
+    .venv/bin/python bench/hang.py --runs 10 --cadences shipped,drill
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -55,7 +59,7 @@ def hang_events(cluster: LocalCluster, job_id: int) -> list[dict[str, Any]]:
     return [e for e in json.loads(res.stdout) if e["kind"] == "hang" and e["job_id"] == job_id]
 
 
-def one_trial(cluster: LocalCluster, i: int) -> dict[str, float]:
+def one_trial(cluster: LocalCluster, i: int, rng: random.Random) -> dict[str, float]:
     sync = cluster.dir / "out" / f"bench-sync-{i}-{time.time_ns()}"
     sync.mkdir(parents=True)
     job_id, out = drill.submit_training(
@@ -71,7 +75,7 @@ def one_trial(cluster: LocalCluster, i: int) -> dict[str, float]:
         job = slurm.job(job_id)
         assert job is not None
         frozen_at = time.time()
-        drill.freeze_ranks(cluster, job_id, sorted(job.nodes)[-1])
+        drill.freeze_ranks(cluster, job_id, rng.choice(sorted(job.nodes)))
         times: dict[str, float] = {}
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and len(times) < 3:
@@ -95,37 +99,62 @@ def summary(values: list[float]) -> tuple[float, float]:
     return statistics.median(ordered), p90
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=10)
-    parser.add_argument("--cluster-dir", type=Path, default=BASE)
-    args = parser.parse_args()
-    cluster = LocalCluster(args.cluster_dir, nodes=4, spares=1, port_base=21717)
+def run_cadence(name: str, runs: int, base: Path, rng: random.Random) -> list[dict[str, float]]:
+    shipped = name == "shipped"
+    port = 21717 if shipped else 21817
+    cluster = LocalCluster(base / name, nodes=4, spares=1, port_base=port, shipped_cadences=shipped)
     cluster.up(timeout=60, services=True)
     trials: list[dict[str, float]] = []
     try:
-        for i in range(args.runs):
+        for i in range(runs):
             reset.reset_cluster(cluster)
-            t = one_trial(cluster, i)
-            print(f"  hang #{i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in t.items()))
+            t = one_trial(cluster, i, rng)
+            print(f"  {name} hang #{i + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in t.items()))
             trials.append(t)
     finally:
         cluster.down()
-    print(f"\nhang -> ... over {len(trials)} frozen ranks (toy step {STEP_S} s; median, p90)")
-    medians = {}
-    for phase in ("detected", "running_again", "first_new_step"):
-        values = [t[phase] for t in trials if phase in t]
-        if not values:
-            print(f"  {phase:16s} never seen")
-            continue
-        med, p90 = summary(values)
-        medians[phase] = med
-        print(f"  {phase:16s} {med:7.2f} s  p90 {p90:7.2f} s  ({len(values)}/{len(trials)})")
-    if "detected" in medians:
-        print("\nreference (stock Slurm: nothing notices; the job waits for its timeout)")
-        for name, seconds in REFERENCES:
-            print(f"  {name:52s} {seconds:7.0f} s  = {seconds / medians['detected']:6.0f}x")
-    return 0 if all(len(t) == 3 for t in trials) else 1
+    return trials
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--cadences", default="shipped,drill")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--cluster-dir", type=Path, default=BASE)
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(2**32)
+    print(f"seed {seed} (--seed {seed} replays the frozen nodes)")
+    rng = random.Random(seed)
+    results = {
+        name: run_cadence(name, args.runs, args.cluster_dir, rng)
+        for name in args.cadences.split(",")
+    }
+    bound = 2 * STEP_S * 1.1 + 10
+    print(f"\nhang -> ... (toy step {STEP_S} s; median, p90, seen)")
+    print(f"  {'cadence':8s} {'phase':16s} {'median':>8s} {'p90':>8s}  seen   bound")
+    ok = True
+    for name, trials in results.items():
+        cycle = 5.0 if name == "shipped" else 1.0
+        for phase in ("detected", "running_again", "first_new_step"):
+            values = [t[phase] for t in trials if phase in t]
+            if not values:
+                print(f"  {name:8s} {phase:16s} never seen")
+                ok = False
+                continue
+            med, p90 = summary(values)
+            target = f"{bound + cycle:5.1f} s" if phase == "detected" else ""
+            print(
+                f"  {name:8s} {phase:16s} {med:6.2f} s {p90:6.2f} s"
+                f"  {len(values)}/{len(trials)}  {target}"
+            )
+            if phase == "detected" and name == "shipped":
+                print("\nreference (stock Slurm: nothing notices; the job waits for its timeout)")
+                for ref, seconds in REFERENCES:
+                    print(f"  {ref:52s} {seconds:7.0f} s  = {seconds / med:6.0f}x")
+                print()
+        ok = ok and all(len(t) == 3 for t in trials)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ so the agent's probe cycle never waits for the network. The thread sends the ful
 report when it changed (verdict, action, findings, opted-in jobs, a job or rank that
 came or went, a rank pausing or resuming, a process changing state), a small heartbeat
 every ``heartbeat_interval_s`` otherwise. Training progress moves every step: a report
-whose only change is progress goes at most every ``progress_interval_s``. The thread
+whose only change is progress goes at most every ``progress_interval_s``, and while
+ranks on the node record progress the heartbeat comes that often too: a job that stops
+sends no new report, and the controller can only tell "stopped" from "agent silent"
+by a heartbeat that says nothing changed (the hang judgement). The thread
 retries with bounded exponential back-off and jitter. If the controller stays
 unreachable for ``self_drain_after_s`` while the node has an urgent fault, the agent
 drains its own node with an owned reason, so a controller outage never hides a dead GPU
@@ -248,12 +251,20 @@ class Reporter:
         if self._sent != fingerprint(report) or self._resend:
             due = max(due, now)
         else:
-            beat = self._last_send + self.config.heartbeat_interval_s
+            beat = self._last_send + self._beat_interval(report)
             if report.progress != self._sent_progress:
                 beat = min(beat, self._last_full + self._progress_interval_s)
             due = max(due, beat)
         drain_at = self._self_drain.due(report, self._down_since)
         return min(due, drain_at) if drain_at is not None else due
+
+    def _beat_interval(self, report: NodeReport) -> float:
+        """The heartbeat cadence: the progress cadence while ranks here record
+        progress (so a stop is seen within it), the configured one otherwise."""
+        beat = self.config.heartbeat_interval_s
+        if report.progress and self._progress_interval_s > 0:
+            return min(beat, self._progress_interval_s)
+        return beat
 
     def _step(self, report: NodeReport | None, now: float) -> None:
         if report is None:
@@ -279,7 +290,7 @@ class Reporter:
         try:
             if full:
                 self._client.report(report.model_dump(mode="json"))
-            elif now >= self._last_send + self.config.heartbeat_interval_s:
+            elif now >= self._last_send + self._beat_interval(report):
                 sent_at = datetime.now(UTC).isoformat()
                 self._client.heartbeat(report.node, report.agent_id, report.seq, sent_at)
             else:

@@ -1,5 +1,9 @@
 """What agents and Slurm's epilog send the controller: reports, heartbeats and job-end
-notices. Validated for order and time, stored, and the loop woken when it matters."""
+notices. Validated for order and time, stored, and the loop woken when it matters.
+
+Reports and heartbeats also feed the hang judgement's memory (hangs/memory.py): a
+heartbeat is the only news of a hung job, and news of a job judged hung once runs the
+pass at once, for its second judgement."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.hangs.memory import HangMemory
 from hyperpod_agent.controller.jobwatch import JobWatch
 from hyperpod_agent.controller.report_faults import faults_from_report
 from hyperpod_agent.controller.store.facade import Store
@@ -36,7 +41,7 @@ class Heartbeat:
     node: str
     agent_id: str
     seq: int
-    sent_at: float
+    sent_at: float  # as received: the agent's clock; as kept in _beats: when it arrived
 
 
 class Ingest:
@@ -51,6 +56,29 @@ class Ingest:
     _beats: dict[str, Heartbeat]
     _pending_beats: dict[str, tuple[str, int, float]]
     _ingest_lock: threading.Lock
+    _hang_memory: HangMemory | None = None
+    _hang_memory_lock = threading.Lock()  # only to make it once
+
+    @property
+    def hang_memory(self) -> HangMemory:
+        """What the hang judgement remembers between passes (the policy passes it to
+        ``hangs.judge.judge``). Made on first use from the stored reports, so after a
+        restart the heartbeats of a hung job attest the report stored before it."""
+        if self._hang_memory is None:
+            with self._hang_memory_lock:
+                if self._hang_memory is None:
+                    memory = HangMemory(self.config.progress)
+                    for name, row in self.store.node_rows().items():
+                        agent, seq, made, got = (
+                            row.agent_id,
+                            row.seq,
+                            row.generated_at,
+                            row.received_at,
+                        )
+                        if agent is not None and seq is not None and made and got:
+                            memory.report(name, agent, seq, made, got)
+                    self._hang_memory = memory
+        return self._hang_memory
 
     def _check_time(self, sent: float, now: float, what: str) -> None:
         policy = self.config.policy
@@ -106,6 +134,11 @@ class Ingest:
                 keep=seen.keep,
                 keep_probes=seen.keep_probes,
             )
+            # In the store's order (under the same lock): the memory's report is the
+            # stored one.
+            hang_news = self.hang_memory.report(
+                report.node, report.agent_id, report.seq, generated, now, report.progress
+            )
         for f in opened:
             metrics.FAULTS.labels(f.code).inc()
             self.store.add_event(
@@ -133,6 +166,7 @@ class Ingest:
                 and last is not None
                 and last.verdict != Verdict.HEALTHY.value
             )
+            or hang_news  # a job judged hung once: its second judgement, now
         ):
             self.wake.set()  # act now, not at the next tick
         return len(seen.faults)
@@ -152,7 +186,13 @@ class Ingest:
                 )
             self._beats[beat.node] = Heartbeat(beat.node, beat.agent_id, beat.seq, now)
             self._pending_beats[beat.node] = (beat.agent_id, beat.seq, now)
+            # sent_at on the node's clock: the clock its ranks' step times are on.
+            hang_news = self.hang_memory.heartbeat(
+                beat.node, beat.agent_id, beat.seq, beat.sent_at, now
+            )
         metrics.REPORTS.labels("heartbeat", "accepted").inc()
+        if hang_news:
+            self.wake.set()  # a job past its hang limit, or due its second judgement
 
     def job_ended(self, job_id: int, exit_code: int | None, state: str | None, who: str) -> bool:
         """EpilogSlurmctld says ``job_id`` ended: record it and wake the loop, so an

@@ -15,6 +15,7 @@ from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
 from hyperpod_agent.controller.deepcheck import plan as deepcheck_plan
 from hyperpod_agent.controller.hangs import judge as hang_rules
 from hyperpod_agent.controller.hangs import plan as hang_plan
+from hyperpod_agent.controller.hangs.memory import HangMemory
 from hyperpod_agent.controller.intents import REBOOT_FLAGS
 from hyperpod_agent.controller.replacement import (
     SUPERSEDED,
@@ -359,8 +360,11 @@ def _plan_nodes(ctx: _Ctx) -> tuple[list[PlannedAction], list[PlannedEvent]]:
     return planned, events
 
 
-def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
-    """Plan this pass's actions from the snapshot. Pure."""
+def decide(
+    snap: Snapshot, config: ControllerConfig, now: float, hang_memory: HangMemory | None = None
+) -> Decision:
+    """Plan this pass's actions from the snapshot. Pure but for ``hang_memory``: what the
+    hang judgement remembers between passes (evidence, a first judgement to confirm)."""
     ctx = _Ctx(snap, config, now)
     planned, events = _plan_nodes(ctx)
     ready = {
@@ -369,7 +373,7 @@ def decide(snap: Snapshot, config: ControllerConfig, now: float) -> Decision:
         if n.reason.strip() == SPARE and spare_ready(n, snap, config.policy, now) is None
     }
     planned += deepcheck_plan.plan_spare_checks(snap, config.deep_checks, now, ready, ctx.busy)
-    hangs, stragglers = hang_rules.judge(snap, config.progress, now)
+    hangs, stragglers = hang_rules.judge(snap, config.progress, now, hang_memory)
     found, hung = hang_plan.plan(snap, config, hangs, stragglers, ctx.owner, ctx.busy, now)
     planned += found
     planned, shared = safety.shared_causes(

@@ -294,7 +294,7 @@ class Controller(Ingest):
             root = self.config.auto_resume.checkpoint_root
             if root is not None:
                 self.watch.read_markers(snap, root, self.config.auto_resume.default_attempts, now)
-            decision = decide(snap, self.config, now)
+            decision = decide(snap, self.config, now, self.hang_memory)
             for ev in decision.events:  # a node or job the policy had to skip
                 if ev.kind == "policy_error":
                     metrics.PASS_ITEM_ERRORS.labels(

@@ -39,9 +39,18 @@ class LocalCluster:
         spares: int = 1,
         port_base: int = DEFAULT_PORT_BASE,
         ha: bool = False,
+        shipped_cadences: bool = False,
         **timing: int,
     ) -> None:
-        self.shape = Shape(Path(dir).resolve(), nodes, spares, port_base, ha=ha, **timing)
+        self.shape = Shape(
+            Path(dir).resolve(),
+            nodes,
+            spares,
+            port_base,
+            ha=ha,
+            shipped_cadences=shipped_cadences,
+            **timing,
+        )
 
     # ----------------------------------------------------------------- layout
     @property

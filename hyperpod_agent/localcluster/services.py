@@ -51,6 +51,34 @@ def to_toml(data: dict[str, Any], prefix: str = "") -> str:
     return "\n".join(line for line in out if line) + "\n"
 
 
+# The keys that make the drills' cluster quick; with ``shipped_cadences`` they are left
+# out, so agents and controllers run at the shipped defaults an admin gets.
+AGENT_CADENCES = (
+    ("cycle_s",),
+    ("verdict", "grace_s"),
+    ("probes", "gpu", "interval_s"),
+    ("probes", "nic", "interval_s"),
+    ("probes", "disk", "interval_s"),
+    ("probes", "cpu", "interval_s"),
+    ("probes", "slurmd", "interval_s"),
+    ("controller", "heartbeat_interval_s"),
+    ("controller", "backoff_max_s"),
+)
+CONTROLLER_CADENCES = (
+    ("reconcile_interval_s",),
+    ("policy", "heartbeat_timeout_s"),
+    ("policy", "shared_cause_window_s"),
+)
+
+
+def _ship_cadences(config: dict[str, Any], keys: tuple[tuple[str, ...], ...]) -> None:
+    for path in keys:
+        section = config
+        for part in path[:-1]:
+            section = section.get(part, {})
+        section.pop(path[-1], None)
+
+
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
     if check and res.returncode != 0:
@@ -113,6 +141,12 @@ class Services:
         }
 
     def controller_config(self, controller: str = "controller") -> dict[str, Any]:
+        config = self._controller_config(controller)
+        if self.shape.shipped_cadences:
+            _ship_cadences(config, CONTROLLER_CADENCES)
+        return config
+
+    def _controller_config(self, controller: str) -> dict[str, Any]:
         shared = ha.store_section(self.shape, controller) if self.shape.ha else {}
         return {
             **shared,
@@ -145,6 +179,12 @@ class Services:
         }
 
     def agent_config(self, node: str) -> dict[str, Any]:
+        config = self._agent_config(node)
+        if self.shape.shipped_cadences:
+            _ship_cadences(config, AGENT_CADENCES)
+        return config
+
+    def _agent_config(self, node: str) -> dict[str, Any]:
         return {
             "node_name": node,
             "cache_path": str(self.cache(node)),

@@ -21,6 +21,9 @@ class Shape:
     cpus_per_node: int = 2
     mem_mb_per_node: int = 1000
     ha: bool = False  # two controllers on a PostgreSQL store (localcluster/ha.py)
+    # The agents' and the controller's cadences as shipped (agent cycle and probe
+    # intervals, heartbeats, reconcile pass) instead of the drills' short ones.
+    shipped_cadences: bool = False
 
     @property
     def node_names(self) -> list[str]:

@@ -1,15 +1,29 @@
-"""Hangs and stragglers from the training ranks' progress (DESIGN §12). Pure.
+"""Hangs and stragglers from the training ranks' progress (DESIGN §12). Pure, but for
+the memory the controller passes it (``HangMemory``: evidence from heartbeats, and the
+judgement of the pass before).
 
 Each agent reports, per job on its node, every rank's last finished step, when, and a
 summary of its recent step times (``JobProgress``). Per running job:
 
-- **Hang**: no rank advanced (a step, or the end of a paused phase) for
-  ``max(hang_factor x p95 step time, hang_min_s)``, no rank is in a paused phase
-  younger than ``max_pause_s``, and the job has reported at least ``min_steps`` step
-  times (before that there is no model of its pace: compilation, warm-up). The p95 is
-  the median of the ranks' p95s, so one odd rank does not set the pace. A job's own
-  overrides (from its records) only ever loosen the site's settings: the largest value
-  any of its ranks asks for, never below ``[progress]``'s.
+- **What is known, and until when.** A node's progress is as of its report's
+  ``generated_at``, extended by the heartbeats of the same agent that say nothing changed
+  since (memory.py): both times are the node's clock, the clock the ranks wrote their
+  step times with. A node not heard from (report or such heartbeat) for ``STALE_S`` is
+  *unknown*; a job with a rank on an unknown node is not judged this pass. Unknown is
+  never idle: an agent restarting, a partition, a report late in transit never make a
+  hang, they only delay one.
+- **Idle** is measured on each node's own clock: how long before the time its progress
+  is known current its ranks last advanced (a step, or the end of a paused phase); the
+  job's idle time is the shortest of its nodes'. The controller's clock, the delay of a
+  report and the agents' cadence never add to it: it only grows with evidence.
+- **Hang**: idle past ``max(hang_factor x p95 step time, hang_min_s)``, no rank in a
+  paused phase younger than ``max_pause_s`` (on its node's clock), and the job has
+  reported at least ``min_steps`` step times (before that there is no model of its
+  pace: compilation, warm-up). The p95 is the median of the ranks' p95s, so one odd
+  rank does not set the pace. A job's own overrides (from its records) only ever loosen
+  the site's settings: the largest value any of its ranks asks for, never below
+  ``[progress]``'s. With a memory, a hang counts only when the pass before judged the
+  job hung at the same step too (two consecutive judgements).
 - **Suspects** are the nodes whose ranks are stopped, in uninterruptible sleep, zombie
   or gone, whose ranks never reached the step the others reached, or which have an open
   fault. The attribution is *clear* when the suspects are some, not all, of the job's
@@ -29,19 +43,29 @@ recovery due) until the job advances or runs again.
 
 from __future__ import annotations
 
-import statistics
+import math
+import operator
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from hyperpod_agent.controller.config import ProgressConfig
-from hyperpod_agent.controller.snapshot import Snapshot, retrying_in_place
+from hyperpod_agent.controller.hangs.memory import HangMemory, median
+from hyperpod_agent.controller.snapshot import NodeHealth, Snapshot, retrying_in_place
 from hyperpod_agent.health import Action, JobProgress, RankProgress
 from hyperpod_agent.slurm.models import Job
 
 # Process states that say a rank cannot make progress: stopped, traced, uninterruptible
 # (a hung driver or filesystem), zombie, dead, or no such process.
 STUCK_STATES = frozenset({"T", "t", "D", "Z", "X", "gone"})
+# A node not heard from for this long is unknown. A live agent with nothing new says so
+# every heartbeat_interval_s (30 s shipped): two of them, so one lost or late heartbeat
+# does not blind the judgement of a hung job (whose agent sends nothing else), and still
+# short of heartbeat_timeout_s (90 s), when the controller takes the agent for lost.
+# Being unknown never makes a hang; this bound keeps old claims (a process state, a
+# step behind) from naming a node long after its agent last spoke.
+STALE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -105,48 +129,83 @@ class Straggler:
         )
 
 
-@dataclass(frozen=True)
-class _Rank:
+class _Rank(NamedTuple):  # one per rank per pass: the cheapest record to make
     node: str
     job: JobProgress
     rank: RankProgress
-
-    @property
-    def activity(self) -> float:
-        """When the rank last showed progress: a step, or the edge of a paused phase."""
-        return max(self.rank.step_at or 0.0, self.rank.pause_since or 0.0)
+    activity: float  # when it last showed progress: a step, or the edge of a pause
+    seen: float  # node clock: its record is known current up to here
 
 
-def _ranks(job: Job, snap: Snapshot) -> list[_Rank]:
-    """The job's ranks on its own nodes, checked against its user, from this run of the
-    job: activity at or after its start. No allowance for clock skew: a new rank whose
-    clock runs behind is left out until its first step, while one allowance wide enough
-    for skew would let the records of the run before (a requeued job starting again) be
-    judged as this one's."""
-    start = job.start_time.timestamp() if job.start_time is not None else 0.0
-    out = []
-    for name in job.nodes:
-        health = snap.health.get(name)
-        if health is None:
-            continue
+def _known(name: str, health: NodeHealth, memory: HangMemory | None, now: float) -> float | None:
+    """Until when (node clock) the node's stored progress is known current; None if
+    the node is unknown (not heard from for ``STALE_S``)."""
+    if health.generated_at is None:
+        return None
+    evidence = memory.evidence(name, health.generated_at) if memory else None
+    if evidence is not None:
+        until: float = evidence.until
+        heard: float | None = evidence.heard
+    else:  # no memory of this report: its own time, and the last word from the node
+        until, heard = health.generated_at, health.last_seen
+    if heard is None or now - heard > STALE_S:
+        return None
+    return until
+
+
+# What each node reports of a job: job id -> [(node, its health, the job's progress)].
+_Reported = dict[int, list[tuple[str, NodeHealth, JobProgress]]]
+
+
+def _reported(snap: Snapshot) -> _Reported:
+    """Every job's progress by job, gathered once a pass (a node may run many jobs)."""
+    out: _Reported = defaultdict(list)
+    for name, health in snap.health.items():
         for jp in health.progress:
-            if jp.job_id != job.job_id:
-                continue
-            if job.uid is not None and jp.uid != job.uid:
-                continue  # not checked against the job's user, or another user's files
-            for rank in jp.ranks:
-                item = _Rank(name, jp, rank)
-                if item.activity > 0 and item.activity >= start:
-                    out.append(item)
+            out[jp.job_id].append((name, health, jp))
     return out
 
 
-def _setting(ranks: list[_Rank], field: str, site: float) -> float:
-    """A hang setting for the whole job: the largest any of its nodes reports for it,
-    never below the site's (a job's records may loosen the site's settings, never
-    tighten them, and a rank's ask is never overruled by a stricter one elsewhere)."""
-    values: list[float] = [v for r in ranks if (v := getattr(r.job, field)) is not None]
-    return max([site, *values])
+def _ranks(
+    job: Job, reported: _Reported, memory: HangMemory | None, now: float
+) -> tuple[list[_Rank], float] | None:
+    """The job's ranks on its own nodes, checked against its user, from this run of the
+    job (activity at or after its start), and how long none of them advanced. None
+    when one of them is on an unknown node: unknown is never idle, never hung.
+
+    Idle is measured per node on its own clock (its progress known current until
+    ``seen``, its ranks' last activity), the shortest over the nodes: never on the
+    controller's clock, so a late or missing report makes it shorter, not longer.
+    No allowance for clock skew in what counts as this run's: a new rank whose clock
+    runs behind is left out until its first step, while one allowance wide enough for
+    skew would let the records of the run before (a requeued job starting again) be
+    judged as this one's."""
+    start = job.start_time.timestamp() if job.start_time is not None else 0.0
+    out: list[_Rank] = []
+    idle = math.inf
+    known: dict[str, float] = {}  # node -> until when its progress is known current
+    nodes = set(job.nodes)
+    for name, health, jp in reported.get(job.job_id, ()):
+        if name not in nodes:
+            continue  # progress from a node the job does not run on
+        if job.uid is not None and jp.uid != job.uid:
+            continue  # not checked against the job's user, or another user's files
+        latest = 0.0
+        for rank in jp.ranks:
+            activity = max(rank.step_at or 0.0, rank.pause_since or 0.0)
+            if activity <= 0 or activity < start:
+                continue
+            seen = known.get(name)
+            if seen is None:
+                seen = _known(name, health, memory, now)
+                if seen is None:
+                    return None
+                known[name] = seen
+            latest = max(latest, activity)
+            out.append(_Rank(name, jp, rank, activity, seen))
+        if latest:
+            idle = min(idle, known[name] - latest)
+    return out, idle
 
 
 def _suspects(
@@ -171,26 +230,35 @@ def _suspects(
     return names, evidence, tuple(sorted(shown))
 
 
-def _paused_within(ranks: list[_Rank], cfg: ProgressConfig, now: float) -> tuple[bool, float]:
-    """(whether a rank is in a paused phase younger than max_pause_s, the longest pause)."""
-    ages = [now - (r.rank.pause_since or r.activity) for r in ranks if r.rank.paused]
-    return any(age <= cfg.max_pause_s for age in ages), max(ages, default=0.0)
-
-
 def _hang(
-    job: Job, ranks: list[_Rank], snap: Snapshot, cfg: ProgressConfig, now: float
+    job: Job, ranks: list[_Rank], idle: float, snap: Snapshot, cfg: ProgressConfig
 ) -> Hang | None:
-    paused, paused_s = _paused_within(ranks, cfg, now)
-    if paused:
-        return None
-    p95s = [r.rank.p95_s for r in ranks if r.rank.p95_s is not None and r.rank.window > 0]
-    if max((r.rank.window for r in ranks), default=0) < cfg.min_steps or not p95s:
-        return None
-    p95 = statistics.median(p95s)
-    factor = _setting(ranks, "hang_factor", cfg.hang_factor)
-    floor = _setting(ranks, "hang_min_s", cfg.hang_min_s)
+    if idle <= cfg.hang_min_s:
+        return None  # within the floor of any limit (overrides only loosen it)
+    # The job's settings: the largest any of its ranks' records asks for, never below
+    # the site's (a job may loosen the site's settings, never tighten them, and a
+    # rank's ask is never overruled by a stricter one elsewhere).
+    factor, floor = cfg.hang_factor, cfg.hang_min_s
+    p95s: list[float] = []
+    window = 0
+    paused: list[float] = []  # how long each paused rank has been, on its own clock
+    for r in ranks:
+        rank, jp = r.rank, r.job
+        if rank.paused:
+            paused.append(r.seen - (rank.pause_since or r.activity))
+        if rank.p95_s is not None and rank.window > 0:
+            p95s.append(rank.p95_s)
+        window = max(window, rank.window)
+        if jp.hang_factor is not None and jp.hang_factor > factor:
+            factor = jp.hang_factor
+        if jp.hang_min_s is not None and jp.hang_min_s > floor:
+            floor = jp.hang_min_s
+    if any(age <= cfg.max_pause_s for age in paused):
+        return None  # a phase without steps is not a hang, up to max_pause_s
+    if window < cfg.min_steps or not p95s:
+        return None  # no model of its pace yet
+    p95 = median(p95s)
     threshold = max(factor * p95, floor)
-    idle = now - max(r.activity for r in ranks)
     if idle <= threshold:
         return None
     suspects, evidence, shown = _suspects(job, ranks, snap)
@@ -207,22 +275,32 @@ def _hang(
         evidence,
         clear,
         shown=shown,
-        paused_s=paused_s if paused_s > 0 else None,
+        paused_s=max(paused) if paused and max(paused) > 0 else None,
     )
 
 
 def _stragglers(job: Job, ranks: list[_Rank], cfg: ProgressConfig) -> Iterator[Straggler]:
-    per_node: dict[str, list[float]] = defaultdict(list)
-    steps: dict[str, int] = defaultdict(int)
+    # Every pass, every job: most have no rank that much slower than the fastest one,
+    # hence no node that much slower than the others' median (node medians lie between
+    # the ranks' extremes). One loop tells, before any per-node work.
+    times = [
+        r.rank.median_s
+        for r in ranks
+        if r.rank.median_s is not None and r.rank.window >= cfg.straggler_min_steps
+    ]
+    if len(times) < 2 or max(times) < (1.0 + cfg.straggler_threshold) * min(times):
+        return
+    per_node: dict[str, list[float]] = {}
+    steps: dict[str, int] = {}
     for r in ranks:
         if r.rank.median_s is not None and r.rank.window >= cfg.straggler_min_steps:
-            per_node[r.node].append(r.rank.median_s)
-            steps[r.node] = max(steps[r.node], r.rank.window)
+            per_node.setdefault(r.node, []).append(r.rank.median_s)
+            steps[r.node] = max(steps.get(r.node, 0), r.rank.window)
     if len(per_node) < 2:
-        return
-    medians = {n: statistics.median(v) for n, v in per_node.items()}
+        return  # nobody to compare a node with
+    medians = {n: median(v) for n, v in per_node.items()}
     for node, mine in sorted(medians.items()):
-        others = statistics.median(v for n, v in medians.items() if n != node)
+        others = median(v for n, v in medians.items() if n != node)
         if others <= 0:
             continue
         ratio = mine / others - 1.0
@@ -230,23 +308,38 @@ def _stragglers(job: Job, ranks: list[_Rank], cfg: ProgressConfig) -> Iterator[S
             yield Straggler(job.job_id, job.restart_count, node, ratio, mine, others, steps[node])
 
 
-def judge(snap: Snapshot, cfg: ProgressConfig, now: float) -> tuple[list[Hang], list[Straggler]]:
+_job_id = operator.attrgetter("job_id")
+
+
+def judge(
+    snap: Snapshot, cfg: ProgressConfig, now: float, memory: HangMemory | None = None
+) -> tuple[list[Hang], list[Straggler]]:
     """Current hangs (``declared`` set on those declared before) and stragglers not
-    declared before, over the running jobs."""
+    declared before, over the running jobs.
+
+    With ``memory`` (the controller's, fed by ingest): heartbeats extend what the
+    reports show, and a hang is returned only once two consecutive calls (passes) judged
+    it; call it once per pass. Without: one judgement on the reports alone."""
     if not cfg.enabled:
         return [], []
     declared = {f.key for f in snap.findings}
     hangs: list[Hang] = []
     stragglers: list[Straggler] = []
+    nodes: dict[int, tuple[str, ...]] = {}
     retrying = retrying_in_place(snap, now)
-    for job in sorted(snap.jobs, key=lambda j: j.job_id):
+    reported = _reported(snap)
+    for job in sorted(snap.jobs, key=_job_id):
         if job.state.upper() != "RUNNING" or job.job_id in retrying:
             continue
-        ranks = _ranks(job, snap)
-        if not ranks:
-            continue  # a job that does not report progress is never judged
-        hang = _hang(job, ranks, snap, cfg, now)
+        found = _ranks(job, reported, memory, now)
+        if not found or not found[0]:
+            continue  # unknown, or a job that does not report progress: not judged
+        ranks, idle = found
+        hang = _hang(job, ranks, idle, snap, cfg)
         if hang is not None:
             hangs.append(replace(hang, declared=hang.key in declared))
+            nodes[job.job_id] = job.nodes
         stragglers += [s for s in _stragglers(job, ranks, cfg) if s.key not in declared]
+    if memory is not None:
+        hangs = memory.confirm(hangs, nodes)
     return hangs, stragglers

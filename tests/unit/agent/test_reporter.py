@@ -548,6 +548,31 @@ def test_progress_only_changes_are_sent_at_the_progress_interval(
     rep.publish(stepped)
     wait_for(lambda: len(rec.bodies("/v1/reports")) == 2)
     assert rec.bodies("/v1/reports")[1]["progress"][0]["ranks"][0]["step"] == 2
+
+
+def test_a_node_whose_ranks_stopped_still_says_so_at_the_progress_cadence(
+    server: tuple[str, Recorder], reporters: list
+) -> None:
+    """A stopped job sends no new report: the heartbeat, at the progress cadence while
+    ranks here record progress, is what tells the controller "nothing moved" from "the
+    agent is silent" (the hang judgement)."""
+    url, rec = server
+    rep = start(reporters, config(url, heartbeat_interval_s=3600), progress_interval_s=0.05)
+    stopped = with_progress(report(), rank(5))
+    rep.publish(stopped)
+    wait_for(lambda: len(rec.bodies("/v1/heartbeats")) >= 3)
+    assert len(rec.bodies("/v1/reports")) == 1
+    assert {b["seq"] for b in rec.bodies("/v1/heartbeats")} == {stopped.seq}
+
+
+def test_no_faster_heartbeat_without_ranks_recording_progress(
+    server: tuple[str, Recorder], reporters: list
+) -> None:
+    url, rec = server
+    rep = start(reporters, config(url, heartbeat_interval_s=3600), progress_interval_s=0.05)
+    rep.publish(report())
+    wait_for(lambda: len(rec.bodies("/v1/reports")) == 1)
+    time.sleep(0.5)  # ten progress intervals: no heartbeat is due in them
     assert rec.bodies("/v1/heartbeats") == []
 
 

@@ -57,7 +57,7 @@ def training(
     health = {n: healthy() for n in nodes}
     for name, rs in ranks.items():
         jp = JobProgress(job_id=JOB, ranks=rs, **(overrides or {}).get(name, {}))
-        health[name] = NodeHealth(healthy().verdict, NOW - 1, NOW - 1, progress=(jp,))
+        health[name] = NodeHealth(healthy().verdict, NOW, NOW, progress=(jp,))  # as of now
     j: Job = replace(job(JOB, nodes=tuple(ranks), auto_resume=auto_resume), start_time=ts(START))
     return Snapshot(
         nodes=nodes,

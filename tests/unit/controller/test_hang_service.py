@@ -8,8 +8,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ctl_helpers import FakeSlurm, cluster, config, job, ts
-from test_service import make
+from test_service import Clock, make
 
+from hyperpod_agent.controller.hangs.judge import judge
+from hyperpod_agent.controller.ingest import Heartbeat
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.service import Controller
 from hyperpod_agent.controller.store.facade import Store
@@ -78,6 +80,8 @@ def test_a_hang_is_declared_once_and_the_job_recovered(tmp_path: Path) -> None:
 def test_a_restarted_controller_does_not_declare_the_same_hang_again(tmp_path: Path) -> None:
     ctl, slurm, now = hung_cluster(tmp_path, auto_resume=None)
     ctl.reconcile_once()
+    ctl.reconcile_once()  # a hang is declared on the second judgement that agrees
+    assert [e.kind for e in ctl.store.events()].count("hang") == 1
     assert slurm.calls == []  # not auto-resume: the event only
     ctl.store.close()
     again = Controller(
@@ -87,6 +91,7 @@ def test_a_restarted_controller_does_not_declare_the_same_hang_again(tmp_path: P
         SparePoolProvider(slurm),
         clock=lambda: now + 30,
     )
+    again.reconcile_once()
     again.reconcile_once()
     assert [e.kind for e in again.store.events()].count("hang") == 1
     assert slurm.calls == []
@@ -102,3 +107,79 @@ def test_cancel_unmanaged(tmp_path: Path) -> None:
     ctl.reconcile_once()
     assert slurm.calls == [("cancel", JOB)]
     assert {"hang", "cancel"} <= {e.kind for e in ctl.store.events()}
+
+
+# -- the memory ingest feeds (hangs/memory.py) ------------------------------------------
+def stalled(tmp: Path) -> tuple[Controller, Clock, float]:
+    """Job 9 on node1, its last step 1 s before the agent's second report."""
+    t0 = 1_800_000_000.0
+    running = replace(job(JOB, nodes=("node1",)), start_time=ts(t0 - 300))
+    ctl, clock = make(tmp, FakeSlurm(cluster(4), [running]))
+    last = clock.t - 1
+    ctl.ingest_report(progress_report("node1", 1, clock.t - 5, 0, last - 1, "S"))
+    ctl.ingest_report(progress_report("node1", 2, clock.t, 0, last, "S"))
+    return ctl, clock, last
+
+
+def beat(seq: int, at: float, agent: str = "a-node1") -> Heartbeat:
+    return Heartbeat("node1", agent, seq, at)
+
+
+def judged(ctl: Controller, now: float) -> list[int]:
+    """One pass of the judgement, as the policy makes it with the controller's memory."""
+    nodes = {n.name: n for n in ctl.slurm.list_nodes()}
+    snap = ctl.snapshot(nodes, ctl.slurm.list_jobs(), now)
+    return [h.job_id for h in judge(snap, ctl.config.progress, now, ctl.hang_memory)[0]]
+
+
+def test_heartbeats_carry_a_stalled_report_forward_and_wake_the_loop(tmp_path: Path) -> None:
+    ctl, clock, last = stalled(tmp_path)
+    ctl.wake.clear()
+    clock.t += 30
+    ctl.ingest_heartbeat(beat(8, clock.t))  # past the 5 s limit: its first judgement now
+    assert ctl.wake.is_set()
+    until, _ = ctl.hang_memory.evidence("node1", clock.t - 30) or (0.0, 0.0)
+    assert until == clock.t - 5  # the heartbeat less one agent cycle
+    assert judged(ctl, clock.t) == []  # judged hung once
+    ctl.wake.clear()
+    clock.t += 30
+    ctl.ingest_heartbeat(beat(14, clock.t))  # news of a job awaiting its second judgement
+    assert ctl.wake.is_set()
+    assert judged(ctl, clock.t) == [JOB]
+
+
+def test_a_report_of_a_suspect_job_wakes_the_loop(tmp_path: Path) -> None:
+    ctl, clock, last = stalled(tmp_path)
+    clock.t += 30
+    ctl.ingest_heartbeat(beat(8, clock.t))
+    assert judged(ctl, clock.t) == []
+    ctl.wake.clear()
+    clock.t += 2
+    ctl.ingest_report(progress_report("node1", 9, clock.t, 0, clock.t - 1, "S"))  # it moved
+    assert ctl.wake.is_set()
+    assert judged(ctl, clock.t) == [] and ctl.hang_memory.suspects() == frozenset()
+
+
+def test_a_restarted_controller_carries_the_stored_report_forward(tmp_path: Path) -> None:
+    ctl, clock, last = stalled(tmp_path)
+    ctl.store.close()
+    again = Controller(
+        config(policy={"shared_cause_window_s": 0}),
+        Store(tmp_path / "s.db"),
+        ctl.slurm,
+        SparePoolProvider(ctl.slurm),
+        clock=clock,
+    )
+    clock.t += 31
+    again.ingest_heartbeat(beat(8, clock.t))  # six cycles after the stored report
+    until, _ = again.hang_memory.evidence("node1", clock.t - 31) or (0.0, 0.0)
+    assert until == clock.t - 31 / 6  # the cycle as the heartbeat shows it
+    assert judged(again, clock.t) == []
+    assert judged(again, clock.t + 10) == [JOB]
+
+
+def test_a_restarted_agent_attests_nothing_until_its_report(tmp_path: Path) -> None:
+    ctl, clock, last = stalled(tmp_path)
+    clock.t += 30
+    ctl.ingest_heartbeat(beat(1, clock.t, agent="a-node1-again"))
+    assert judged(ctl, clock.t) == [] and ctl.hang_memory.suspects() == frozenset()

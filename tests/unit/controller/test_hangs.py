@@ -54,10 +54,12 @@ def training(
     nodes = {f"node{i}": node(f"node{i}") for i in range(1, 7)}
     health = {n: healthy() for n in nodes}
     for name, rs in ranks.items():
+        # Generated (node clock) and heard (controller clock) now: the idle times
+        # below are what the ranks' own records say as of now.
         health[name] = NodeHealth(
             healthy().verdict,
-            NOW - 1,
-            NOW - 1,
+            NOW,
+            NOW,
             progress=(JobProgress(job_id=job_id, ranks=rs, **jp),),  # type: ignore[arg-type]
         )
     j: Job = replace(job(job_id, nodes=tuple(ranks), auto_resume=auto_resume), start_time=ts(START))
