@@ -24,14 +24,14 @@ from hyperpod_agent.agent.config import AgentConfig
 from hyperpod_agent.localcluster import drill
 from hyperpod_agent.localcluster.cluster import LocalCluster
 
-pytestmark = pytest.mark.slurm
-
 DIR = Path("/var/tmp/hyperpod-hang-shipped")
 PORT_BASE = 19017
 STEP_S = 0.3
 HEALTHY_S = float(os.environ.get("HYPERPOD_HANG_HEALTHY_S", "600"))
 AGENT_CYCLE_S = AgentConfig.model_fields["cycle_s"].default or 5.0
 BOUND_S = 2 * STEP_S * 1.1 + 10 + AGENT_CYCLE_S
+# The healthy job's course, the cluster's start and the job's end, bounded.
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(int(HEALTHY_S) + 600)]
 
 
 @pytest.fixture(scope="module")
