@@ -24,37 +24,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drill_helpers import REBOOT_FLAGS, Drill, wait_for
+from drill_helpers import (
+    REBOOT_FLAGS,
+    Drill,
+    back_in_service,
+    new_events,
+    taken_out,
+    wait_for,
+)
 
 from hyperpod_agent.controller.config import load_config as load_controller_config
 from hyperpod_agent.localcluster import procs
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.slurm.models import Node
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 
 DETECT_S = 20.0  # fault injected -> node taken out (measured ~1-3 s; bench/detect_drain.py)
 REBOOT_S = 60.0  # reboot requested -> idle (~2-5 s; ~37 s when Slurm misses the fake boot)
 OBSERVE_S = 8.0  # several reconcile passes (2 s) and agent cycles (1 s)
-
-
-def taken_out(node: Node) -> bool:
-    """Out of service by the controller: drained or rebooting, with a reason we own."""
-    return node.reason.startswith("hyperpod:") and (node.drained or bool(node.flags & REBOOT_FLAGS))
-
-
-def back_in_service(node: Node) -> bool:
-    return (
-        node.state == "IDLE"
-        and not node.drained
-        and not node.flags & REBOOT_FLAGS
-        and node.responding
-        and not node.reason
-    )
-
-
-def new_events(drill: Drill, since: int, node: str | None = None) -> list[dict[str, Any]]:
-    return [e for e in drill.events(node) if int(e["id"]) > since]
 
 
 def rebooted(drill: Drill, node: str, pid_before: int | None) -> bool:
