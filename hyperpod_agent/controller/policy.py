@@ -58,11 +58,11 @@ USER_FILLABLE = frozenset({"fs_full", "fs_inodes_full", "fs_space_low", "fs_inod
 def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float) -> Action:
     """RESET -> REBOOT -> REPLACE for each repeat of the component within the window.
 
-    A repeat is another fault of the same component first seen in the window, or a
-    reboot/replace we completed on the node after this fault was first seen (the fault
-    came back, or never left, after the remedy). A DRAIN is never escalated, however
-    often it repeats (a disk users fill again is no reason to reboot), nor is it a
-    repeat of another remedy.
+    A repeat is another fault of the same component first seen in the window in another
+    report, or a reboot/replace we completed on the node after this fault was first
+    seen (the fault came back, or never left, after the remedy). A DRAIN is never
+    escalated, however often it repeats (a disk users fill again is no reason to
+    reboot), nor is it a repeat of another remedy.
     """
     base = Action(fault.action)
     if base.rank < Action.RESET.rank:
@@ -74,6 +74,10 @@ def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float
         if h.node == fault.node
         and h.component == fault.component
         and h.id != fault.id
+        # One report's faults share its time (store.record_report): one occurrence, not
+        # repeats. Counted, XID 48 + 79 in one report made a REBOOT-level GPU a REPLACE
+        # on first sight (test_policy_properties.ONE_REPORT_TWO_CODES).
+        and h.first_seen != fault.first_seen
         and h.first_seen >= since
         and Action(h.action).rank >= Action.RESET.rank
     )

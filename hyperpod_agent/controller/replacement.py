@@ -12,7 +12,8 @@ from __future__ import annotations
 from hyperpod_agent.controller.autoresume import cap_of, required_nodes
 from hyperpod_agent.controller.config import ControllerConfig, DeepCheckConfig, PolicyConfig
 from hyperpod_agent.controller.deepcheck.plan import spare_gate
-from hyperpod_agent.controller.snapshot import Snapshot
+from hyperpod_agent.controller.intents import REBOOT_FLAGS
+from hyperpod_agent.controller.snapshot import Snapshot, left_to_step_retry
 from hyperpod_agent.health import Action, Verdict
 from hyperpod_agent.reasons import SPARE
 from hyperpod_agent.slurm.models import Node
@@ -32,13 +33,26 @@ def spare_ready(
     deep: DeepCheckConfig | None = None,
 ) -> str | None:
     """Why ``node`` may not be swapped in now, or None when it may: a spare must be
-    responding, and its agent's latest verdict healthy, recent and made since its last
-    boot, with no open fault; with ``deep`` gating spares, qualified by a deep check.
-    A spare nobody vouches for is not put under a job."""
+    responding, left to itself (not rebooting, no intent of ours open on it, no deep
+    check under way), and its agent's latest verdict healthy, recent and made since its
+    last boot, with no open fault; with ``deep`` gating spares, qualified by a deep
+    check. A spare nobody vouches for is not put under a job."""
     if node.reason.strip() != SPARE:
         return "not a spare"
     if not node.responding:
         return "not responding"
+    # A spare something else is doing something to is no spare this pass: the policy
+    # leaves such nodes alone, and a promise would put a requeued job on a node about
+    # to reboot, be held, be checked or be taken by a step retry (test_policy_properties:
+    # LOOP_REBOOTING_SPARE).
+    if node.flags & REBOOT_FLAGS:
+        return "rebooting"
+    if node.name in snap.checking:
+        return "a deep check is under way on it"
+    if any(a.node == node.name for a in snap.in_flight):
+        return "an action of ours is under way on it"
+    if node.name in held_by_step_retry(snap, now):
+        return "a step retry holds it"
     health = snap.health.get(node.name)
     if health is None or health.verdict is None or health.generated_at is None:
         return "no report from its agent"
@@ -56,6 +70,14 @@ def spare_ready(
         if not qualified.passed:
             return qualified.why
     return None
+
+
+def held_by_step_retry(snap: Snapshot, now: float) -> set[str]:
+    """The nodes the policy leaves to step retries: a surgery's two nodes, and every node
+    of a job whose watched step will ask for its retry (``left_to_step_retry``)."""
+    held = {n for pair in snap.step_retries.values() for n in pair}
+    watched = left_to_step_retry(snap, now) - set(snap.step_retries)
+    return held | {n for j in snap.jobs if j.job_id in watched for n in j.nodes}
 
 
 class SparePool:

@@ -1,250 +1,241 @@
-"""Properties of the pure policy over random snapshots: what must hold for any cluster.
+"""Properties of the pure policy over whole random clusters: what must hold for any pass.
 
-Random nodes, partitions and reasons (ours, humans', Slurm's, NHC's, admin requests,
-spares), faults, health, open intents and jobs. Derandomized so the suite is
-deterministic; ``HYPOTHESIS_PROFILE=explore`` searches further with fresh examples.
+The cases (policy_strategies.py, policy_case.py) hold nodes of every owner, several faults per node
+with their history, completed remedies, open intents of each kind, tracked auto-resume
+jobs, step retries and watches, hangs and stragglers, deep checks and spares. The
+invariants (policy_invariants.py) are the docs' rules, counted from the snapshot and
+the actions ``decide`` returns, never with the code under test's own helpers.
+
+A hypothesis draw costs more than a pass of ``decide``, so each test draws a case once
+and checks every property on it: each property sees every example (20,000 of the whole
+space, 10,000 of the drain-only one). Seeded, without a database: the same examples on
+every run. To search further, or elsewhere::
+
+    POLICY_PROPERTY_SEED=7 POLICY_PROPERTY_EXAMPLES=100000 \\
+        pytest -s tests/unit/controller/test_policy_properties.py --hypothesis-show-statistics
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
-from collections import defaultdict
+from collections.abc import Iterator
 
-from ctl_helpers import NOW, action_row, config
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+import policy_invariants
+import pytest
+from ctl_helpers import NOW, job, node
+from hypothesis import HealthCheck, event, example, given, note, seed, settings
+from policy_case import SPARE_REASON, Case, config_at, config_of, progress
+from policy_invariants import PROPERTIES, from_hang_plan
+from policy_strategies import MILD_FAULTS, cases
 
-from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.policy import decide
-from hyperpod_agent.controller.safety import allowed_out, counted, unavailable
-from hyperpod_agent.controller.snapshot import Kind, NodeHealth, Snapshot
-from hyperpod_agent.controller.store.rows import ActionRow, FaultRow
+from hyperpod_agent.controller.snapshot import Decision, Kind, NodeHealth, Snapshot
+from hyperpod_agent.controller.store.rows import FaultRow, FindingRow
 from hyperpod_agent.health import Action, Verdict
-from hyperpod_agent.reasons import SPARE, Owner, owner_of
 from hyperpod_agent.slurm.models import Job, Node
 
-settings.register_profile(
-    "ci",
-    max_examples=150,
-    derandomize=True,
+SEED = int(os.environ.get("POLICY_PROPERTY_SEED", "20261127"))
+# ~2.3 ms an example on one core (the draw ~1.7 ms, decide ~0.3 ms): ~70 s for the file
+EXAMPLES = int(os.environ.get("POLICY_PROPERTY_EXAMPLES", "20000"))
+MILD_EXAMPLES = max(10_000, EXAMPLES // 2)
+SEARCH = settings(
+    max_examples=EXAMPLES,
     deadline=None,
+    database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-settings.register_profile("explore", max_examples=5000, deadline=None)
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-SLURM_USER = "slurm"
-REASONS = [
-    "",
-    "maintenance",
-    "Not responding to IPMI - RMA 1234, keep out",
-    "Node unexpectedly rebooted - investigating, keep out",
-    "NHC: check_fs_mount: /scratch not mounted",
-    "Not responding",
-    "Node unexpectedly rebooted",
-    "reboot timed out",
-    "Action:Replace",
-    " action : reboot ",
-    SPARE,
-    "hyperpod:drain agent heartbeat_lost x",
-    "hyperpod:reset gpu0 xid46 x",
-    "hyperpod:reboot gpu0 xid79 x",
-    "hyperpod:replace gpu0 xid54 x",
-    "hyperpod:hold gpu0 lemon x",
-]
-CODES = [
-    "xid79", "xid46", "xid54", "xid48", "fs_hung", "link_down", "slurmd_down", "xid13", "fs_full"
-]  # fmt: skip
-APP_XIDS = ["xid13", "xid31", "xid43", "xid45", "xid68"]
-ACTIONS = [Action.MONITOR, Action.DRAIN, Action.RESET, Action.REBOOT, Action.REPLACE]
 
 
-@st.composite
-def nodes_st(draw: st.DrawFn) -> dict[str, Node]:
-    count = draw(st.integers(2, 24))
-    out = {}
-    for i in range(1, count + 1):
-        name = f"n{i}"
-        reason = draw(st.sampled_from(REASONS))
-        flags = set(draw(st.sets(st.sampled_from(["NOT_RESPONDING", "REBOOT_REQUESTED"]))))
-        state = draw(st.sampled_from(["IDLE", "MIXED", "ALLOCATED", "DOWN"]))
-        if reason and draw(st.booleans()):
-            flags.add("DRAIN")
-        out[name] = Node(
-            name=name,
-            state=state,
-            flags=frozenset(flags),
-            reason=reason if (flags & {"DRAIN"} or state == "DOWN") else "",
-            reason_user=draw(st.sampled_from([SLURM_USER, "root", "alice", ""])),
-            partitions=tuple(sorted(draw(st.sets(st.sampled_from("abc"), min_size=1)))),
-        )
-    return out
+@pytest.fixture(autouse=True)
+def _say_the_seed() -> Iterator[None]:
+    print(f"policy properties: seed {SEED} (POLICY_PROPERTY_SEED), {EXAMPLES} examples")
+    yield
 
 
-@st.composite
-def snapshot_st(
-    draw: st.DrawFn,
-    codes: list[str] = CODES,
-    one_fault: bool = False,
-    actions: list[Action] = ACTIONS,
-) -> Snapshot:
-    nodes = draw(nodes_st())
-    names = sorted(nodes)
-    faults = []
-    for i, name in enumerate(draw(st.lists(st.sampled_from(names), unique=True))):
-        code = draw(st.sampled_from(codes))
-        action = Action.MONITOR if code in APP_XIDS else draw(st.sampled_from(actions))
-        first = NOW - draw(st.floats(0, 7200))
-        faults.append(
-            FaultRow(
-                i + 1,
-                name,
-                "gpu0",
-                code,
-                "FAIL",
-                action.value,
-                draw(st.booleans()),
-                first,
-                first,
-                1,
-                "m",
-                None,
-                "gpu",
-            )  # fmt: skip
-        )
-    history = list(faults)
-    if not one_fault:
-        for j, f in enumerate(
-            draw(st.lists(st.sampled_from(faults), max_size=6)) if faults else []
-        ):
-            history.append(
-                FaultRow(
-                    1000 + j,
-                    f.node,
-                    f.component,
-                    f.code,
-                    "FAIL",
-                    f.action,
-                    f.urgent,
-                    f.first_seen - 60,
-                    f.first_seen - 60,
-                    1,
-                    "m",
-                    NOW - 100,
-                    "gpu",
-                )  # fmt: skip
-            )
-    health = {}
-    for name in names:
-        verdict = draw(st.sampled_from([None, Verdict.HEALTHY, Verdict.DEGRADED, Verdict.FAULTY]))
-        if verdict is not None:
-            seen = NOW - draw(st.floats(0, 300))
-            health[name] = NodeHealth(verdict, seen, seen)
-    in_flight: list[ActionRow] = []
-    if not one_fault:
-        for name in draw(st.lists(st.sampled_from(names), unique=True, max_size=3)):
-            kind = draw(st.sampled_from(["drain", "resume", "reboot", "replace"]))
-            in_flight.append(action_row(kind, name, "intent"))
-    jobs = [
-        Job(
-            job_id=100 + k,
-            name="j",
-            state=draw(st.sampled_from(["RUNNING", "FAILED", "NODE_FAIL", "PENDING"])),
-            nodes=tuple(
-                draw(st.lists(st.sampled_from(names), unique=True, min_size=1, max_size=4))
-            ),
-            auto_resume=draw(st.sampled_from([None, 1, 3])),
-            exit_code=draw(st.sampled_from([None, 0, 1, 233])),
-        )
-        for k in range(draw(st.integers(0, 4)))
+def _decide(case: Case) -> Decision:
+    note(f"seed {SEED} (POLICY_PROPERTY_SEED)")
+    d = decide(case.snap, case.config, NOW)
+    for kind in sorted({a.kind.value for a in d.actions}):
+        event(f"planned {kind}")  # --hypothesis-show-statistics: what the search reached
+    if any(a.kind is Kind.REPLACE and not a.admin for a in d.actions):
+        event("planned a replace for a fault")
+    if d.incident:
+        event("incident mode")
+    return d
+
+
+# -- counterexamples, kept as explicit examples --------------------------------------------
+def _case(
+    nodes: list[Node],
+    faults: list[FaultRow],
+    jobs: list[Job],
+    health: dict[str, NodeHealth] | None = None,
+    findings: list[FindingRow] | None = None,
+) -> Case:
+    """A hand-made case: agents healthy and heard 5 s ago, FAULTY where a fault is open."""
+    roles = {n.name: "spare" if n.reason == SPARE_REASON else "up" for n in nodes}
+    seen = {n.name: NodeHealth(Verdict.HEALTHY, NOW - 5, NOW - 5) for n in nodes}
+    seen |= {f.node: NodeHealth(Verdict.FAULTY, NOW - 5, NOW - 5) for f in faults}
+    s = Snapshot(
+        nodes={n.name: n for n in nodes}, jobs=jobs, health=seen | (health or {}),
+        open_faults=faults, history=faults, findings=findings or [], started_at=NOW - 3600,
+    )  # fmt: skip
+    return Case(s, config_at(0), roles)
+
+
+def _gpu0(fid: int, code: str, action: str, urgent: bool) -> FaultRow:
+    first = NOW - 60  # past the shared-cause window; one report: one time
+    return FaultRow(fid, "n01", "gpu0", code, "FAIL", action, urgent, first, first, 1, "m", None)
+
+
+_UP = [node("n01", "ALLOCATED", partitions=("a",)), node("n02", "ALLOCATED", partitions=("a",))]
+_SPARE = node("n03", flags=("DRAIN",), reason=SPARE_REASON, partitions=("a",))
+_REBOOTING_SPARE = node(
+    "n03", flags=("DRAIN", "REBOOT_REQUESTED"), reason=SPARE_REASON, partitions=("a",)
+)
+_JOB = job(100, nodes=("n01", "n02"), auto_resume=1)
+# The old test's own space (one fault a node) held a REPLACE from one REBOOT-level
+# report: an urgent XID 79 under a running auto-resume job with a ready spare. The old
+# invariant ("only a fault asking REPLACE is replaced on first sight") was wrong there:
+# that is replacement in the loop (docs/auto-resume.md, HyperPod semantics), the job is
+# requeued onto the spare instead of waiting for the reboot. replace_is_earned says so.
+IN_THE_LOOP = _case([*_UP, _SPARE], [_gpu0(1, "xid79", "REBOOT", urgent=True)], [_JOB])
+# ...but two of the three such REPLACEs found promised a spare Slurm showed rebooting,
+# and the wider space promised spares with an intent of ours open on them or under a
+# deep check. That part was the policy's fault: replacement.spare_ready refuses them
+# now, and the node is rebooted as it would be without a spare.
+LOOP_REBOOTING_SPARE = _case(
+    [*_UP, _REBOOTING_SPARE], [_gpu0(1, "xid79", "REBOOT", urgent=True)], [_JOB]
+)
+# Once a node could carry several faults: one report with XID 48 and XID 79 on one GPU
+# (both REBOOT) was a REPLACE, each counted as the other's repeat. The policy was wrong:
+# a repeat is a later occurrence, not a second code of one report (policy._escalated).
+ONE_REPORT_TWO_CODES = _case(
+    [*_UP, node("n04", partitions=("a",))],
+    [_gpu0(1, "xid48", "REBOOT", urgent=False), _gpu0(2, "xid79", "REBOOT", urgent=False)],
+    [],
+)
+
+
+@seed(SEED)
+@SEARCH
+@given(case=cases())
+@example(case=IN_THE_LOOP)
+@example(case=LOOP_REBOOTING_SPARE)
+@example(case=ONE_REPORT_TWO_CODES)
+def test_every_pass_keeps_the_policy_invariants(case: Case) -> None:
+    d = _decide(case)
+    for prop in PROPERTIES:
+        prop(case, d)
+
+
+@seed(SEED)
+@settings(SEARCH, max_examples=MILD_EXAMPLES)
+@given(case=cases(faults=MILD_FAULTS))
+def test_drain_and_application_faults_never_take_more_than_a_drain(case: Case) -> None:
+    """With only faults asking DRAIN (a full disk) or MONITOR (an application's XID),
+    whatever their repeats and lemon score: no node is rebooted, replaced or held but
+    for an admin's request, a hang's suspect with a stuck rank, or a straggler; a
+    take-out citing a fault cites a DRAIN fault. (And every other invariant holds.)"""
+    d = _decide(case)
+    s = case.snap
+    stuck = {
+        name for name, h in s.health.items()
+        for p in h.progress for r in p.ranks if r.proc_state == "D"
+    }  # fmt: skip
+    straggled = {f.node for f in s.findings if f.kind == "straggler"}
+    for a in d.actions:
+        if a.kind in (Kind.REBOOT, Kind.REPLACE, Kind.HOLD):
+            assert case.roles[str(a.node)] == "admin" or a.node in stuck | straggled, a
+        if "fault_id" in a.params:
+            f = next(f for f in s.open_faults if f.id == a.params["fault_id"])
+            assert f.action == Action.DRAIN.value and a.kind is Kind.DRAIN, (a, f)
+    for prop in PROPERTIES:
+        prop(case, d)
+
+
+def test_the_kept_counterexamples_decide_as_settled() -> None:
+    loop = decide(IN_THE_LOOP.snap, IN_THE_LOOP.config, NOW).actions
+    assert [(a.kind, a.node, a.params.get("spare")) for a in loop if a.node] == [
+        (Kind.REPLACE, "n01", "n03")
     ]
-    replaced = frozenset(draw(st.sets(st.sampled_from(names))))
-    return Snapshot(
-        nodes=nodes,
-        jobs=jobs,
-        health=health,
-        open_faults=faults,
-        history=history,
-        in_flight=in_flight,
-        tracked={},
-        started_at=NOW - 3600,
-        replaced=replaced,
-    )
+    busy = decide(LOOP_REBOOTING_SPARE.snap, LOOP_REBOOTING_SPARE.config, NOW).actions
+    assert [(a.kind, a.node) for a in busy if a.node] == [(Kind.REBOOT, "n01")]
+    one = decide(ONE_REPORT_TWO_CODES.snap, ONE_REPORT_TWO_CODES.config, NOW).actions
+    assert [(a.kind, a.node, a.params["fault_code"]) for a in one] == [
+        (Kind.REBOOT, "n01", "xid48")
+    ]
 
 
-def cfg_of(fraction: float, window: float) -> ControllerConfig:
-    return config(
-        slurm_user=SLURM_USER,  # type: ignore[arg-type]
-        policy={"max_unhealthy_fraction": fraction, "shared_cause_window_s": window},
-    )
+def _hang_plan_case(kind: str) -> Case:
+    """n01, job 100's node, is a hang's suspect (a rank in D state) or a straggler found
+    in the job (ended), and also: has an urgent XID 79 its own rules reboot it for, is a
+    suspect of job 101's hang too, or is being rebooted by Slurm."""
+    mode = "straggler" if kind.startswith("straggler") else "hung_stuck"
+    n01 = node("n01", "MIXED", ("REBOOT_REQUESTED",), partitions=("a",))
+    nodes = [n01 if kind.endswith("rebooting") else _UP[0], _UP[1], node("n04", partitions=("a",))]
+    faults = [_gpu0(1, "xid79", "REBOOT", urgent=True)] if kind.endswith("fault") else []
+    jobs = [job(100, "RUNNING" if mode != "straggler" else "FAILED", nodes=("n01", "n02"))]
+    jobs += [job(101, nodes=("n01", "n02"))] if kind == "two hangs" else []
+    health = {
+        n: NodeHealth(Verdict.HEALTHY, NOW - 5, NOW - 5, progress=tuple(
+            p for j in jobs if (p := progress(mode, j.job_id, first=n == "n01"))
+        ))
+        for n in ("n01", "n02")
+    }  # fmt: skip
+    found = [FindingRow(1, "straggler", 100, 0, "n01", -1, "slow", NOW - 100)]
+    case = _case(nodes, faults, jobs, health=health, findings=found if mode == "straggler" else [])
+    cfg = config_of(progress="none" if mode == "straggler" else "reboot")  # none: holds
+    return dataclasses.replace(case, config=cfg)
 
 
-CONFIGS = st.builds(cfg_of, st.sampled_from([0.1, 0.25, 0.5, 1.0]), st.sampled_from([0.0, 30.0]))
-
-
-@given(snapshot_st(), CONFIGS)
-def test_no_action_touches_a_node_we_do_not_own(snap: Snapshot, cfg: ControllerConfig) -> None:
-    for a in decide(snap, cfg, NOW).actions:
-        if a.node is None:
-            continue
-        owner = owner_of(snap.nodes[a.node], (SLURM_USER,))
-        assert owner not in (Owner.OTHER, Owner.SPARE), (a, snap.nodes[a.node])
-        spare = a.params.get("spare")
-        if spare is not None:
-            assert owner_of(snap.nodes[str(spare)], (SLURM_USER,)) is Owner.SPARE
-
-
-@given(snapshot_st(), CONFIGS)
-def test_each_partition_stays_within_its_limit(snap: Snapshot, cfg: ControllerConfig) -> None:
-    decision = decide(snap, cfg, NOW)
-    members: dict[str, list[Node]] = defaultdict(list)
-    for n in snap.nodes.values():
-        if n.reason.strip() != SPARE:
-            for p in n.partitions:
-                members[p].append(n)
-    leaving = {str(a.node) for a in decision.actions if counted(a)}
-    for part, nodes in members.items():
-        before = {n.name for n in nodes if unavailable(n, snap.replaced)}
-        after = before | {n.name for n in nodes if n.name in leaving}
-        limit = allowed_out(cfg.policy, len(nodes))
-        assert len(after) <= max(limit, len(before)), (part, before, after, limit)
-        assert limit == max(
-            cfg.policy.min_unhealthy_nodes,
-            math.floor(cfg.policy.max_unhealthy_fraction * len(nodes)),
-        )
-
-
-@given(snapshot_st(one_fault=True), CONFIGS)
-def test_a_single_report_of_a_fault_never_yields_replace(
-    snap: Snapshot, cfg: ControllerConfig
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="hangs/plan.py plans against the nodes busy before the pass: on a fix, drop "
+    "KNOWN_HANG_PLAN_GAPS (policy_invariants.py)",
+)
+@pytest.mark.parametrize(
+    "kind", ["suspect with a fault", "two hangs", "straggler with a fault", "straggler rebooting"]
+)
+def test_the_hang_plan_never_doubles_up_or_touches_a_rebooting_node(
+    kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    asked = {f.node: Action(f.action) for f in snap.open_faults}
-    for a in decide(snap, cfg, NOW).actions:
-        if a.kind is Kind.REPLACE and not a.admin and a.node in asked:
-            # Only a fault that asks for REPLACE itself is replaced on first sight.
-            assert asked[a.node] is Action.REPLACE, a
+    case = _hang_plan_case(kind)
+    d = decide(case.snap, case.config, NOW)
+    for prop in PROPERTIES:
+        prop(case, d)  # the known gap let through: anything else is a new failure
+    if not any(from_hang_plan(a) and a.node == "n01" for a in d.actions):
+        raise RuntimeError(f"the case no longer shows what it pins: {d.actions}")
+    monkeypatch.setattr(policy_invariants, "KNOWN_HANG_PLAN_GAPS", False)
+    for prop in PROPERTIES:
+        prop(case, d)
 
 
-@given(snapshot_st(codes=APP_XIDS), CONFIGS)
-def test_an_application_xid_never_takes_a_node_out(snap: Snapshot, cfg: ControllerConfig) -> None:
-    faulty = {f.node for f in snap.open_faults}
-    for a in decide(snap, cfg, NOW).actions:
-        if a.node in faulty and not a.admin:
-            # Only what the node's reason asks for independently of the fault (a resume of
-            # our own drain, a heartbeat loss) may touch it.
-            assert a.kind in (Kind.RESUME, Kind.DRAIN), a
-            assert not a.params.get("fault_code"), a
-        assert a.kind is not Kind.REQUEUE or "fault on" not in a.cause, a
-
-
-@given(snapshot_st(actions=[Action.DRAIN]), CONFIGS)
-def test_a_drain_fault_never_reboots_replaces_or_holds_a_node(
-    snap: Snapshot, cfg: ControllerConfig
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="safety.py counts a node drained for a lost heartbeat as a full disk's "
+    "(drain-only): on a fix, drop KNOWN_DRAIN_ONLY_GAP (policy_invariants.py)",
+)
+def test_a_dead_node_drained_by_us_counts_against_a_remedy(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Whatever the node's reason, its repeats and the lemon score, a node whose faults
-    all ask for DRAIN is only drained (or resumed): nothing stronger is ever planned
-    for it but what an admin asked for."""
-    for a in decide(snap, cfg, NOW).actions:
-        if a.node is not None and not a.admin:
-            assert a.kind not in (Kind.REBOOT, Kind.REPLACE, Kind.HOLD), a
+    """Partition of 3 (limit 1): n02 is dead, drained for its lost heartbeat; rebooting
+    n01 for its XID 79 would leave 2 of 3 out. Incident mode, not a reboot."""
+    dead = node(
+        "n02", "DOWN", ("DRAIN", "NOT_RESPONDING"), "hyperpod:drain agent heartbeat_lost x", ("a",)
+    )
+    case = _case(
+        [_UP[0], dead, node("n04", partitions=("a",))],
+        [_gpu0(1, "xid79", "REBOOT", urgent=False)],
+        [],
+    )
+    d = decide(case.snap, case.config, NOW)
+    for prop in PROPERTIES:
+        prop(case, d)  # the known gap let through: anything else is a new failure
+    if not [a for a in d.actions if a.node == "n01" and a.kind is Kind.REBOOT]:
+        raise RuntimeError(f"the case no longer shows what it pins: {d.actions}")
+    monkeypatch.setattr(policy_invariants, "KNOWN_DRAIN_ONLY_GAP", False)
+    policy_invariants.within_blast_radius(case, d)
