@@ -378,7 +378,14 @@ def decide(
     }
     planned += deepcheck_plan.plan_spare_checks(snap, config.deep_checks, now, ready, ctx.busy)
     hangs, stragglers = hang_rules.judge(snap, config.progress, now, hang_memory)
-    found, hung = hang_plan.plan(snap, config, hangs, stragglers, ctx.owner, ctx.busy, now)
+    # The hang plan comes after the nodes' own rules: it leaves alone what they act on
+    # this pass (a spare promised included) and what Slurm is rebooting.
+    acted = {str(n) for a in planned for n in (a.node, a.params.get("spare")) if n}
+    acted |= {str(n) for a in planned if a.kind is Kind.CHECK for n in a.params.get("nodes", ())}
+    rebooting = {n.name for n in snap.nodes.values() if n.flags & REBOOT_FLAGS}
+    found, hung = hang_plan.plan(
+        snap, config, hangs, stragglers, ctx.owner, ctx.busy | acted | rebooting, now
+    )
     planned += found
     planned, shared = safety.shared_causes(
         planned, snap.open_faults, snap.burst_peers, config.policy, now

@@ -149,9 +149,19 @@ def on_the_way_out(snap: Snapshot) -> frozenset[str]:
 
 
 def _drain_only(reason: str) -> bool:
-    """Our drain that never becomes a reboot (a full disk: something users can cause)."""
+    """Our drain that never becomes a reboot, for what users can cause: a full disk.
+    Not a lost heartbeat's (``agent``: the node is dead) nor a hang suspect's
+    (``job<J>``: shown by the node itself): those are out like any other node."""
     ours = parse_reason(reason)
-    return ours is not None and ours.verb is Verb.DRAIN
+    if ours is None or ours.verb is not Verb.DRAIN:
+        return False
+    return ours.component != "agent" and not ours.component.startswith("job")
+
+
+def _user_fillable(node: Node) -> bool:
+    """Out under a drain-only reason and still responding: a dead node drained for a
+    full disk is out of service all the same."""
+    return _drain_only(node.reason) and node.responding
 
 
 def limit_take_outs(
@@ -164,7 +174,7 @@ def limit_take_outs(
     any other take-out, nodes out under a drain-only reason do not count. So a user who
     fills disks costs at most the partition's share and cannot stop remediation."""
     hard = [a for a in planned if not _drain_only(a.reason)]
-    kept, events, over = _limit(snap, policy, hard, lambda n: not _drain_only(n.reason))
+    kept, events, over = _limit(snap, policy, hard, lambda n: not _user_fillable(n))
     soft = [a for a in planned if _drain_only(a.reason)]
     # the drain-only ones fit in what is left once this pass's real take-outs are in
     taken = frozenset(str(a.node) for a in kept if counted(a))

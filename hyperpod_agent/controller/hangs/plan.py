@@ -50,7 +50,7 @@ def _suspect_actions(
     config: ControllerConfig,
     nodes: Mapping[str, Node],
     owner: Callable[[Node], Owner],
-    busy: Collection[str],
+    busy: set[str],
 ) -> list[PlannedAction]:
     mode = config.progress.suspect_action
     if not hang.clear or mode not in _SUSPECT:
@@ -64,6 +64,7 @@ def _suspect_actions(
         if node is None or name in busy or node.drained or owner(node) is not Owner.NONE:
             continue
         why = f"job {hang.job_id} hung at step {hang.step}"
+        busy.add(name)  # another hang naming it this pass leaves it alone
         out.append(
             PlannedAction(
                 kind,
@@ -81,7 +82,7 @@ def _hold_stragglers(
     snap: Snapshot,
     config: ControllerConfig,
     owner: Callable[[Node], Owner],
-    busy: Collection[str],
+    busy: set[str],
     now: float,
 ) -> list[PlannedAction]:
     if not config.progress.straggler_hold_after_job:
@@ -104,6 +105,7 @@ def _hold_stragglers(
         ):
             continue  # held once for it already (an admin resumed it since)
         why = f"straggled in job {f.job_id}"
+        busy.add(f.node)
         out.append(
             PlannedAction(
                 Kind.HOLD,
@@ -125,7 +127,12 @@ def plan(
     busy: Collection[str],
     now: float,
 ) -> tuple[list[PlannedAction], dict[int, str]]:
-    """(this pass's actions, job id -> hang cause for the auto-resume jobs to recover)."""
+    """(this pass's actions, job id -> hang cause for the auto-resume jobs to recover).
+
+    ``busy``: the nodes this pass must not act on: those busy before it, those the
+    pass's other rules already act on, and those Slurm is rebooting. The nodes planned
+    here join it, so two hangs never take the same node twice."""
+    busy = set(busy)
     actions: list[PlannedAction] = []
     hung: dict[int, str] = {}
     jobs = {j.job_id: j for j in snap.jobs}

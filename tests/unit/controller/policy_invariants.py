@@ -16,7 +16,6 @@ from collections.abc import Callable
 from ctl_helpers import NOW
 from policy_case import (
     OURS,
-    REBOOT_FLAGS,
     SPARE_REASON,
     Case,
     busy,
@@ -73,20 +72,9 @@ def hands_off(case: Case, d: Decision) -> None:
 def leaves_busy_nodes_alone(case: Case, d: Decision) -> None:
     """No action on, and no spare promised from, a node that is ``busy``."""
     held = busy(case.snap)
-    rebooting = {n.name for n in case.snap.nodes.values() if n.flags & REBOOT_FLAGS}
     for a in d.actions:
         hit = touched(a) & held
-        if KNOWN_HANG_PLAN_GAPS and from_hang_plan(a):
-            hit -= rebooting
         assert not hit, (sorted(hit), a)
-
-
-# Known, and not this file's to fix: hangs/plan.py plans a hang's suspects and the
-# stragglers it holds against the nodes busy before the pass. So it acts on a node its
-# own rules act on in the same pass, on a node two hangs name twice, and on a node Slurm
-# shows rebooting. test_policy_properties pins each with a strict xfail that runs these
-# properties with the flag off; drop the flag when those pass.
-KNOWN_HANG_PLAN_GAPS = True
 
 
 def once_per_node_and_job(case: Case, d: Decision) -> None:
@@ -95,18 +83,9 @@ def once_per_node_and_job(case: Case, d: Decision) -> None:
     nodes = Counter(n for a in d.actions for n in touched(a))
     for name in (n for n, count in nodes.items() if count > 1):
         acts = [a for a in d.actions if name in touched(a)]
-        if KNOWN_HANG_PLAN_GAPS and sum(not from_hang_plan(a) for a in acts) <= 1:
-            continue
         raise AssertionError(f"{name} acted on {len(acts)} times: {acts}")
     jobs = Counter(a.job_id for a in d.actions if a.kind in JOB_ACTIONS)
     assert all(c == 1 for c in jobs.values()), jobs
-
-
-# Known, and not this file's to fix: safety.py takes every ``hyperpod:drain`` reason for
-# a full disk's, so nodes drained for a lost heartbeat (dead) or as a hang's suspect do
-# not count against a real fault's take-out either. Pinned by a strict xfail in
-# test_policy_properties; drop the flag when it passes.
-KNOWN_DRAIN_ONLY_GAP = True
 
 
 def user_fillable(n: Node) -> bool:
@@ -116,8 +95,6 @@ def user_fillable(n: Node) -> bool:
     service like any other node (docs/controller.md, "Blast radius")."""
     if our_verb(n) != "drain":
         return False
-    if KNOWN_DRAIN_ONLY_GAP:
-        return True
     component = (n.reason.strip().split(" ") + ["", ""])[1]
     return not not_responding(n) and component != "agent" and not component.startswith("job")
 
