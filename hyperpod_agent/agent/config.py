@@ -24,6 +24,7 @@ from hyperpod_agent.agent.reporter import ReporterConfig
 from hyperpod_agent.agent.verdict import VerdictConfig
 from hyperpod_agent.config_files import load_model
 from hyperpod_agent.probes.base import ProbeContext
+from hyperpod_agent.probes.baseline import BaselineSource
 from hyperpod_agent.probes.registry import ProbesConfig
 from hyperpod_agent.progress import format as progress_format
 
@@ -74,6 +75,10 @@ class AgentConfig(BaseModel):
     devfs_root: Path = Path("/dev")
     state_dir: Path = Path("/run/hyperpod")
     slurm_conf: str | None = None
+    baseline: Path | None = Field(
+        default=None,
+        description="this node's baseline (hyperpod agent baseline --write PATH); None: none",
+    )
     auto_resume_markers: Path | None = Field(
         default=Path("/run/hyperpod/autoresume"),
         description="the SPANK plugin's statedir: srun --auto-resume markers to forward",
@@ -104,11 +109,12 @@ class AgentConfig(BaseModel):
     controller: ReporterConfig = Field(default_factory=ReporterConfig)
 
     def enabled_probes(self) -> dict[str, Any]:
-        """name -> probe config, for the enabled probes only."""
+        """name -> probe config, for the enabled probes only. The baseline probe runs
+        only when there is a baseline to check."""
         out: dict[str, Any] = {}
         for name in type(self.probes).model_fields:
             cfg = getattr(self.probes, name)
-            if cfg.enabled:
+            if cfg.enabled and not (name == "baseline" and self.baseline is None):
                 out[name] = cfg
         return out
 
@@ -134,12 +140,15 @@ class AgentConfig(BaseModel):
             devfs_root=self.devfs_root,
             slurm_conf=self.slurm_conf,
             state_dir=self.state_dir,
+            baseline=(
+                BaselineSource(self.baseline, self.node_name) if self.baseline is not None else None
+            ),
         )
 
-    @field_validator("progress_dir")
+    @field_validator("progress_dir", "baseline")
     @classmethod
-    def _absolute(cls, value: Path) -> Path:
-        if not value.is_absolute():
+    def _absolute(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_absolute():
             raise ValueError("must be an absolute path")
         return value
 

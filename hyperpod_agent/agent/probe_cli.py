@@ -41,11 +41,12 @@ def list_probes(config_path: Path | None) -> None:
     from hyperpod_agent.probes.registry import PROBES
 
     config = _load(config_path)
+    enabled = config.enabled_probes()
     click.echo(f"{'PROBE':<10} {'ENABLED':<8} {'INTERVAL':>9} {'TIMEOUT':>8}")
     for name in PROBES:
         cfg = getattr(config.probes, name)
         click.echo(
-            f"{name:<10} {'yes' if cfg.enabled else 'no':<8} "
+            f"{name:<10} {'yes' if name in enabled else 'no':<8} "
             f"{cfg.interval_s:>8g}s {cfg.timeout_s:>7g}s"
         )
 
@@ -72,7 +73,8 @@ def run_probes(name: str | None, as_json: bool, config_path: Path | None) -> Non
         config = config.model_copy(update={"probes": config.probes.model_copy(update={name: cfg})})
     probes = build_probes(config)
     if name is not None:
-        probes = {name: probes[name]}
+        # the baseline probe is left out of the agent when there is no baseline
+        probes = {name: probes.get(name) or PROBES[name](cfg, config.probe_context())}
     runner = ProbeRunner(probes)
     try:
         results = runner.run_once()

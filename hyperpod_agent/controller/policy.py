@@ -53,6 +53,9 @@ REMEDIATIONS = ("reboot", "replace")
 VERB_RANK = {Verb.DRAIN: 1, Verb.RESET: 2, Verb.REBOOT: 3, Verb.REPLACE: 4, Verb.HOLD: 5}
 # the disk probe's space codes: what users cause by writing, never a lemon's sign
 USER_FILLABLE = frozenset({"fs_full", "fs_inodes_full", "fs_space_low", "fs_inodes_low"})
+# a probe's finding about its own configuration (config_node_name, config_write_denied):
+# the node is as healthy as before, so never a lemon's sign either (docs/probes.md)
+CONFIG_PREFIX = "config_"
 
 
 def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float) -> Action:
@@ -162,6 +165,7 @@ class _Ctx:
             if h.node == name
             and h.first_seen >= since
             and h.code not in USER_FILLABLE
+            and not h.code.startswith(CONFIG_PREFIX)
             and h.action != Action.DRAIN.value
         )
         slow = sum(

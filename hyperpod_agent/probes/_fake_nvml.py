@@ -19,6 +19,7 @@ from hyperpod_agent.probes.gpu_backend import GpuSample, GpuState, NvLink, XidEv
 log = logging.getLogger(__name__)
 
 NS = Literal["not_supported"]
+DEFAULT_MODEL = "NVIDIA H100 80GB HBM3"
 
 
 class _Strict(BaseModel):
@@ -56,6 +57,7 @@ class _Pcie(_Strict):
 class _Gpu(_Strict):
     index: int = Field(ge=0, lt=64)
     uuid: str | None = None
+    name: str = Field(default=DEFAULT_MODEL, min_length=1, max_length=96)
     pci_bus_id: str | None = None
     lost: bool = False
     nvml_error: str | None = None
@@ -99,6 +101,7 @@ def _gpu_state(g: _Gpu) -> GpuState:
     return GpuState(
         index=g.index,
         uuid=g.uuid or f"GPU-fake-{g.index:04d}",
+        name=g.name,
         pci_bus_id=g.pci_bus_id or f"00000000:{0x10 + g.index:02X}:00.0",
         lost=g.lost,
         errors=(g.nvml_error,) if g.nvml_error else (),

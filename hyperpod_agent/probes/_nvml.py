@@ -101,6 +101,7 @@ class NvmlBackend:
     def _read_fields(self, index: int, h: Any) -> GpuState:
         n = self._n
         uuid = self._get("uuid", n.nvmlDeviceGetUUID, h)
+        name = self._get("name", n.nvmlDeviceGetName, h)
         pci = self._get("pci", n.nvmlDeviceGetPciInfo, h)
         bus_id = getattr(pci, "busId", None) if pci is not None else None
         if isinstance(bus_id, bytes):
@@ -121,6 +122,7 @@ class NvmlBackend:
         return GpuState(
             index=index,
             uuid=uuid.decode() if isinstance(uuid, bytes) else uuid,
+            name=name.decode() if isinstance(name, bytes) else name,
             pci_bus_id=bus_id,
             temperature_c=self._get(
                 "temperature", n.nvmlDeviceGetTemperature, h, n.NVML_TEMPERATURE_GPU

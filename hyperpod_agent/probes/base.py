@@ -11,11 +11,14 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from hyperpod_agent.health import Finding, Status
+
+if TYPE_CHECKING:
+    from hyperpod_agent.probes._baseline import BaselineSource
 
 
 class ProbeConfig(BaseModel):
@@ -31,14 +34,17 @@ class ProbeConfig(BaseModel):
 @dataclass(frozen=True)
 class ProbeContext:
     """Where a probe looks. Every sysfs/procfs/dev read goes through these roots so
-    tests can point a probe at a small fake tree."""
+    tests can point a probe at a small fake tree. ``state_dir`` (None: keep nothing)
+    holds what a probe must remember across agent restarts within one boot;
+    ``baseline`` is this node's recorded baseline (None: none configured)."""
 
     node_name: str
     sysfs_root: Path = Path("/sys")
     procfs_root: Path = Path("/proc")
     devfs_root: Path = Path("/dev")
     slurm_conf: str | None = None
-    state_dir: Path = Path("/run/hyperpod")
+    state_dir: Path | None = None
+    baseline: BaselineSource | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
 

@@ -12,6 +12,15 @@ Users can fill any mount they can write, so a full one (``fs_full``,
 a reboot or a replacement (a reboot does not empty a disk, tmpfs aside). The probe
 file is made afresh under a random name (O_EXCL, O_NOFOLLOW): a file or symlink a user
 put in a world-writable mount is never written through.
+
+The agent runs sandboxed (``ProtectSystem=strict``): a mount is read-only for it unless
+its unit lists it in ``ReadWritePaths``. The node's mount table (PID 1's) says whether
+a mount is read-only on the node; the agent's own (``/proc/self/mountinfo``) whether it
+is inside the sandbox. By default a mount is write-probed only where the agent may
+write it. A write refused because of the sandbox, or one the agent was never allowed
+(EACCES before any write succeeded), is a configuration finding that never drains or
+reboots; a mount read-only on the node, or a write refused EROFS where the agent was
+allowed to write, is the node's fault.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hyperpod_agent.health import Action, Finding, Status
+from hyperpod_agent.probes._baseline import baseline_of
 from hyperpod_agent.probes._sysfs import MountEntry, parse_mountinfo, read_text, under
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig, ProbeContext
 
@@ -44,7 +54,9 @@ class MountCheck(BaseModel):
         default=None, min_length=1, max_length=64, description="component name; the path"
     )
     required: bool = True
-    write_probe: bool = True
+    write_probe: bool | None = Field(
+        default=None, description="None: write where the agent's sandbox allows it"
+    )
     free_warn_pct: float = Field(default=10.0, ge=0, le=100)
     free_fail_pct: float = Field(default=3.0, ge=0, le=100)
     inodes_warn_pct: float = Field(default=10.0, ge=0, le=100)
@@ -134,6 +146,28 @@ def read_mountinfo(context: ProbeContext) -> dict[str, MountEntry]:
         if text is not None:
             return parse_mountinfo(text)
     raise FileNotFoundError("no /proc/1/mountinfo or /proc/self/mountinfo under the procfs root")
+
+
+def read_own_mountinfo(context: ProbeContext) -> dict[str, MountEntry] | None:
+    """The agent's own mount table (its unit's sandbox), None when unreadable."""
+    try:
+        text = read_text(under(context.procfs_root, "/self/mountinfo"))
+    except OSError:
+        return None
+    return parse_mountinfo(text) if text is not None else None
+
+
+def sandbox_denies(node: MountEntry, own: MountEntry | None) -> bool:
+    """Is a mount that is writable on the node closed to the agent by its sandbox:
+    hidden from it, read-only only for it, or another filesystem over it?"""
+    if node.readonly:
+        return False
+    if own is None:
+        return True
+    return (own.readonly and not node.readonly) or (own.fstype, own.source) != (
+        node.fstype,
+        node.source,
+    )
 
 
 def judge_space(check: MountCheck, space: Space) -> list[Finding]:
@@ -235,17 +269,26 @@ class DiskProbe(Probe[DiskConfig]):
         super().__init__(config, context)
         self._io = io
         self._jobs: dict[str, _IoJob] = {}
+        self._wrote: set[str] = set()  # mounts a probe write succeeded on
 
     def check(self) -> Outcome:
-        """Check every configured mount once, within ``io_timeout_s``."""
+        """Check every configured mount (and every mount of the baseline) once, within
+        ``io_timeout_s``."""
         cfg = self.config
         table = read_mountinfo(self.context)
+        own = read_own_mountinfo(self.context)
+        baseline = baseline_of(self.context.baseline)
+        recorded = set(baseline.disk.mounts) if baseline is not None else set()
         findings: list[Finding] = []
-        started: dict[str, tuple[MountCheck, _IoJob, bool]] = {}
+        started: dict[str, tuple[MountCheck, _IoJob, bool, bool]] = {}
+        unprobed: list[str] = []
+        for path in sorted(recorded - {c.path for c in cfg.mounts}):
+            if path not in table:
+                findings.append(_fail(path[:64], "fs_missing", "not mounted (in the baseline)"))
         for check in cfg.mounts:
             entry = table.get(check.path)
             if entry is None:
-                if check.required:
+                if check.required or check.path in recorded:
                     findings.append(_fail(check.component, "fs_missing", "not mounted"))
                 continue
             if entry.readonly:
@@ -255,19 +298,24 @@ class DiskProbe(Probe[DiskConfig]):
                 stuck = time.monotonic() - previous.started
                 findings.append(self._hung(check, f"I/O still stuck after {stuck:.0f}s"))
                 continue
-            write = check.write_probe and not entry.readonly
+            denied = own is not None and sandbox_denies(entry, own.get(check.path))
+            write = not entry.readonly and check.write_probe is not False
+            if check.write_probe is None and denied:
+                write = False  # auto: the unit may not write here; statvfs only
+                unprobed.append(check.component)
             job = _IoJob(self._io, check.path, write, cfg.probe_file)
             self._jobs[check.path] = job
-            started[check.path] = (check, job, write)
+            started[check.path] = (check, job, write, denied)
         deadline = time.monotonic() + cfg.io_timeout_s
         latencies = []
-        for check, job, write in started.values():
+        for check, job, write, denied in started.values():
             if not job.done.wait(max(0.0, deadline - time.monotonic())):
                 findings.append(self._hung(check, f"no answer within {cfg.io_timeout_s:g}s"))
                 continue
             assert job.result is not None
-            findings.extend(self._judge(check, job.result, write))
+            findings.extend(self._judge(check, job.result, write, denied))
             if job.result.write_latency_s is not None:
+                self._wrote.add(check.path)
                 latencies.append(
                     f"{check.component} write {job.result.write_latency_s * 1e3:.1f}ms"
                 )
@@ -275,13 +323,23 @@ class DiskProbe(Probe[DiskConfig]):
         ok = f"{len(cfg.mounts) - absent} mount(s) ok"
         ok += f" ({', '.join(latencies)})" if latencies else ""
         ok += f", {absent} optional mount(s) absent" if absent else ""
+        if unprobed:
+            ok += f", not written (read-only in the agent's sandbox): {', '.join(unprobed)}"
         return Outcome.from_findings(findings, ok_message=ok)
 
-    def _judge(self, check: MountCheck, result: IoResult, write: bool) -> list[Finding]:
+    def _judge(
+        self, check: MountCheck, result: IoResult, write: bool, denied: bool = False
+    ) -> list[Finding]:
         if result.crash is not None:
             raise RuntimeError(f"{check.path}: I/O check crashed: {result.crash}")
         findings = judge_space(check, result.space) if result.space is not None else []
-        if result.write_errno == errno.EROFS:
+        code = result.write_errno
+        never_wrote = check.path not in self._wrote
+        if code in (errno.EROFS, errno.EACCES, errno.EPERM) and (
+            denied or (code != errno.EROFS and never_wrote)
+        ):
+            findings.append(self._not_allowed(check, code, denied))
+        elif code == errno.EROFS:
             findings.append(self._readonly(check, "write refused: read-only file system"))
         elif result.write_errno is not None:
             full = result.write_errno in (errno.ENOSPC, errno.EDQUOT)
@@ -298,6 +356,27 @@ class DiskProbe(Probe[DiskConfig]):
         if result.error is not None:
             findings.append(_fail(check.component, "fs_error", result.error))
         return findings
+
+    @staticmethod
+    def _not_allowed(check: MountCheck, code: int, denied: bool) -> Finding:
+        """The configuration finding for a write the agent was never allowed."""
+        if denied:
+            why = (
+                "read-write on the node, closed to the agent by its unit's sandbox: add "
+                f"ReadWritePaths={check.path} to the unit (a drop-in) or set write_probe = false"
+            )
+        else:
+            why = (
+                "the agent was never allowed to write here (root squashed?): let it, or "
+                "set write_probe = false"
+            )
+        return Finding(
+            component=check.component,
+            code="config_write_denied",
+            status=Status.WARN,
+            action=Action.NONE,
+            message=f"probe write refused ({os.strerror(code)}): {why}"[:512],
+        )
 
     @staticmethod
     def _readonly(check: MountCheck, message: str) -> Finding:

@@ -17,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from hyperpod_agent.health import Action, Finding, Status
+from hyperpod_agent.probes._baseline import baseline_of
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig, ProbeContext
 from hyperpod_agent.probes.gpu_backend import GpuBackend, GpuSample, GpuState
 from hyperpod_agent.probes.xid import KmsgReader, XidRule, normalise_pci, xid_rule
@@ -303,13 +304,14 @@ class GpuProbe(Probe[GpuConfig]):
         if not sample.error:
             if self._expected is None and sample.gpus:
                 self._expected = len(sample.gpus)
-            if self._expected is not None and len(sample.gpus) < self._expected:
+            expected, source = self._expected_count()
+            if expected is not None and len(sample.gpus) < expected:
                 findings.append(
                     _f(
                         "gpus",
                         "gpu_count",
                         Status.FAIL,
-                        f"{len(sample.gpus)} GPUs visible, {self._expected} expected",
+                        f"{len(sample.gpus)} GPUs visible, {expected} expected{source}",
                         Action.REBOOT,
                         True,
                     )
@@ -325,6 +327,14 @@ class GpuProbe(Probe[GpuConfig]):
             elif key not in current:
                 findings.append(finding)
         return Outcome.from_findings(findings, f"{len(sample.gpus)} GPUs ok")
+
+    def _expected_count(self) -> tuple[int | None, str]:
+        """How many GPUs this node must show: ``expected_count`` when configured, else
+        the node's baseline, else the count at the first good sample."""
+        baseline = baseline_of(self.context.baseline)
+        if self.config.expected_count is None and baseline is not None and baseline.gpu:
+            return baseline.gpu.count, " (baseline)"
+        return self._expected, ""
 
     def close(self) -> None:
         """Release the backend and the kernel log."""

@@ -27,6 +27,7 @@ class GpuState:
 
     index: int
     uuid: str | None = None
+    name: str | None = None  # the model, as NVML names it: "NVIDIA H100 80GB HBM3"
     pci_bus_id: str | None = None
     lost: bool = False
     errors: tuple[str, ...] = ()  # NVML failures other than "not supported"

@@ -5,6 +5,13 @@ under ``/sys/class/infiniband`` (EFA devices appear there too). A link that is d
 on a GPU node stalls every collective of the job running there, so ``link_down`` is
 FAIL, REBOOT and urgent by default: the controller requeues the job at once instead
 of waiting for NCCL to time out.
+
+Only a link that was up and went down is a fault. A port found down that has not been
+up since boot (a second port never cabled, one the site does not use) is left alone
+until it comes up. "Up since boot" is what the probe saw (kept in the state directory
+across agent restarts, per boot) or what the kernel counted: the port's
+``link_downed`` counter, or ``carrier_up_count`` of its netdev. Ports and interfaces
+the config or the node's baseline expect up are faults whenever they are down.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 
 from hyperpod_agent.health import Action, Finding, Status
+from hyperpod_agent.probes._baseline import baseline_of
+from hyperpod_agent.probes._links import SeenUp, netdev_was_up, read_boot_id
 from hyperpod_agent.probes._sysfs import CounterTracker, list_dir, read_int, read_text, under
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig, ProbeContext
 
@@ -38,6 +47,9 @@ class NicConfig(ProbeConfig):
 
     interfaces: list[str] = Field(default_factory=list, description="netdevs that must be up")
     ib_devices: list[str] = Field(default_factory=list, description="IB/EFA devices required")
+    ib_ports: list[str] = Field(
+        default_factory=list, description="IB/EFA ports that must be up: mlx5_0/1"
+    )
     require_ib: bool = False
     min_rate_gbps: float | None = Field(default=None, gt=0)
     ib_error_counters: list[str] = Field(default_factory=lambda: list(DEFAULT_IB_COUNTERS))
@@ -55,6 +67,14 @@ class NicConfig(ProbeConfig):
                 raise ValueError(f"{key}: duplicate names in {names}")
             if any(not n or "/" in n for n in names):
                 raise ValueError(f"{key}: expected plain device names, got {names}")
+        if len(set(self.ib_ports)) != len(self.ib_ports):
+            raise ValueError(f"ib_ports: duplicate names in {self.ib_ports}")
+        for name in self.ib_ports:
+            device, _, port = name.partition("/")
+            if not device or not port.isdigit():
+                raise ValueError(
+                    f"ib_ports: expected <device>/<port> such as mlx5_0/1, got {name!r}"
+                )
         return self
 
 
@@ -65,6 +85,7 @@ class NetdevState:
     carrier: int | None
     carrier_changes: int | None
     errors: dict[str, int] = field(default_factory=dict)
+    carrier_up_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,10 +96,26 @@ class IbPort:
     phys_state: str | None
     rate_gbps: float | None
     counters: dict[str, int] = field(default_factory=dict)
+    netdevs_up: bool = False  # a netdev of the port had carrier since it was registered
 
     @property
     def component(self) -> str:
         return f"{self.device}/{self.port}"
+
+
+def ib_port_down(port: IbPort) -> str | None:
+    """Why ``port`` does not carry traffic, or None when it is up."""
+    if port.state is not None and port.state.upper() != "ACTIVE":
+        return f"port state {port.state}"
+    if port.phys_state is not None and port.phys_state != "LinkUp":
+        return f"physical state {port.phys_state}"
+    return None
+
+
+def kernel_saw_up(port: IbPort) -> bool:
+    """Kernel evidence that ``port`` was up since boot: the link went down at least
+    once (``link_downed`` counts LinkUp -> down), or a netdev of it had carrier."""
+    return port.counters.get("link_downed", 0) > 0 or port.netdevs_up
 
 
 def parse_ib_state(text: str | None) -> str | None:
@@ -125,7 +162,23 @@ def read_netdev(sysfs_root: Path, name: str) -> NetdevState | None:
         carrier=read_int(base / "carrier"),
         carrier_changes=read_int(base / "carrier_changes"),
         errors=errors,
+        carrier_up_count=read_int(base / "carrier_up_count"),
     )
+
+
+def _port_netdevs_up(device_dir: Path, port: str) -> bool:
+    """Whether a netdev of ``port`` (IPoIB ``ib0``, a RoCE port's Ethernet netdev) had
+    carrier since it was registered. A netdev's ``dev_port`` numbers the ports of its
+    device from 0; one without it belongs to every port of a single-port device."""
+    net = device_dir / "device" / "net"
+    for name in list_dir(net):
+        base = net / name
+        dev_port = read_int(base / "dev_port")
+        if dev_port is not None and str(dev_port + 1) != port:
+            continue
+        if netdev_was_up(read_int(base / "carrier_up_count"), read_int(base / "carrier_changes")):
+            return True
+    return False
 
 
 def read_ib_ports(sysfs_root: Path, counters: list[str]) -> list[IbPort]:
@@ -148,6 +201,7 @@ def read_ib_ports(sysfs_root: Path, counters: list[str]) -> list[IbPort]:
                     phys_state=parse_ib_state(read_text(base / "phys_state")),
                     rate_gbps=parse_ib_rate(read_text(base / "rate")),
                     counters=values,
+                    netdevs_up=_port_netdevs_up(ib_root / device, port),
                 )
             )
     return ports
@@ -165,12 +219,19 @@ class NicProbe(Probe[NicConfig]):
         self._counters = CounterTracker()
         self._flaps: dict[str, deque[float]] = {}
         self._down_seen: set[str] = set()
+        self._seen_up = SeenUp(context.state_dir, read_boot_id(context.procfs_root))
 
     def check(self) -> Outcome:
-        """Check the configured interfaces and the IB/EFA ports once."""
+        """Check the expected interfaces and the IB/EFA ports once."""
         cfg = self.config
+        baseline = baseline_of(self.context.baseline)
+        interfaces = list(cfg.interfaces)
+        expected_ports = set(cfg.ib_ports)
+        if baseline is not None:
+            interfaces += [i for i in baseline.nic.interfaces if i not in interfaces]
+            expected_ports |= set(baseline.nic.ports)
         findings: list[Finding] = []
-        for name in cfg.interfaces:
+        for name in interfaces:
             state = read_netdev(self.context.sysfs_root, name)
             if state is None:
                 findings.append(self._down(name, "nic_missing", "interface not present"))
@@ -183,10 +244,24 @@ class NicProbe(Probe[NicConfig]):
                 findings.append(self._down(device, "nic_missing", "IB/EFA device not present"))
         if cfg.require_ib and not ports:
             findings.append(self._down("infiniband", "nic_missing", "no IB/EFA port found"))
+        for comp in sorted(expected_ports - {p.component for p in ports}):
+            findings.append(self._down(comp, "nic_missing", "IB/EFA port not present"))
+        idle = []
         for port in ports:
+            comp = port.component
+            if ib_port_down(port) is None:
+                self._seen_up.add(comp)
+            elif comp not in expected_ports and not self._was_up(port):
+                idle.append(comp)  # never cabled, or unused: not a fault until it is up
+                continue
             findings.extend(self._check_ib_port(port))
-        counted = f"{len(cfg.interfaces)} interface(s), {len(ports)} IB/EFA port(s) ok"
+        counted = f"{len(interfaces)} interface(s), {len(ports) - len(idle)} IB/EFA port(s) ok"
+        if idle:
+            counted += f", {len(idle)} never up since boot ({', '.join(idle)})"
         return Outcome.from_findings(findings, ok_message=counted)
+
+    def _was_up(self, port: IbPort) -> bool:
+        return port.component in self._seen_up or kernel_saw_up(port)
 
     def _check_netdev(self, state: NetdevState) -> list[Finding]:
         down = None
@@ -200,11 +275,7 @@ class NicProbe(Probe[NicConfig]):
 
     def _check_ib_port(self, port: IbPort) -> list[Finding]:
         comp = port.component
-        down = None
-        if port.state is not None and port.state.upper() != "ACTIVE":
-            down = f"port state {port.state}"
-        elif port.phys_state is not None and port.phys_state != "LinkUp":
-            down = f"physical state {port.phys_state}"
+        down = ib_port_down(port)
         findings = self._link(comp, down, "link_downed", port.counters.get("link_downed"))
         if down is not None:
             return findings

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from hyperpod_agent.probes.base import Probe, ProbeConfig
+from hyperpod_agent.probes.baseline import BaselineConfig, BaselineProbe
 from hyperpod_agent.probes.cpu import CpuConfig, CpuProbe
 from hyperpod_agent.probes.disk import DiskConfig, DiskProbe
 from hyperpod_agent.probes.gpu import GpuConfig, GpuProbe
@@ -23,6 +24,7 @@ PROBES: dict[str, type[Probe[ProbeConfig]]] = {
     "cpu": CpuProbe,  # type: ignore[dict-item]
     "slurmd": SlurmdProbe,  # type: ignore[dict-item]
     "script": ScriptProbe,  # type: ignore[dict-item]
+    "baseline": BaselineProbe,  # type: ignore[dict-item]
 }
 
 
@@ -37,3 +39,4 @@ class ProbesConfig(BaseModel):
     cpu: CpuConfig = Field(default_factory=CpuConfig)
     slurmd: SlurmdConfig = Field(default_factory=SlurmdConfig)
     script: ScriptConfig = Field(default_factory=ScriptConfig)
+    baseline: BaselineConfig = Field(default_factory=BaselineConfig)

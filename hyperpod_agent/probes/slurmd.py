@@ -8,12 +8,16 @@
   or an open port also pass for a frozen slurmd). ``SLURMD_NODENAME`` makes builds
   with several slurmd per host ask the one of this node (at its NodeAddr:Port from
   slurm.conf); other builds ignore it and ask the local slurmd.
-- identity: the ``Hostname`` slurmd reports must match the agent's node name (short
-  forms compared), so a node never vouches for another.
+- identity: the ``Hostname`` slurmd reports (its ``NodeName``) must match the agent's
+  node name (short forms compared), so a node never vouches for another. A mismatch
+  is the agent's configuration, not the node's health (typically ``NodeHostname``
+  differs from ``NodeName`` and ``node_name`` was left at the host name): a reboot
+  cannot mend it, so it is a configuration finding that never drains or reboots.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import subprocess
@@ -25,6 +29,8 @@ from hyperpod_agent.errors import SlurmError, SlurmTimeout
 from hyperpod_agent.health import Action, Finding, Status
 from hyperpod_agent.probes.base import Outcome, Probe, ProbeConfig
 from hyperpod_agent.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
 
 
 class SlurmdConfig(ProbeConfig):
@@ -96,6 +102,8 @@ def first_error(stderr: str) -> str:
 class SlurmdProbe(Probe[SlurmdConfig]):
     name = "slurmd"
     config_model = SlurmdConfig
+
+    _mismatch_logged: tuple[str, str] | None = None
 
     def check(self) -> Outcome:
         """One MUNGE round trip and one ``scontrol show slurmd``."""
@@ -181,9 +189,25 @@ class SlurmdProbe(Probe[SlurmdConfig]):
         summary = f"slurmd pid {info['Slurmd PID']} answers"
         reported = info.get("Hostname", "")
         if self.config.check_hostname and reported and short_name(reported) != short_name(node):
-            why = f"slurmd answers as {reported!r}, agent runs for {node!r}"
-            return [_slurmd_fail("slurmd_wrong_node", why)], summary
+            return [self._name_mismatch(short_name(reported), node)], summary
         return [], summary
+
+    def _name_mismatch(self, reported: str, node: str) -> Finding:
+        why = (
+            f"slurmd is NodeName {reported!r} but the agent runs as node_name {node!r} "
+            f'(NodeHostname differs from NodeName?): set node_name = "{reported}" in '
+            "agent.toml, or check_hostname = false"
+        )
+        if self._mismatch_logged != (reported, node):
+            self._mismatch_logged = (reported, node)
+            log.warning("slurmd probe: configuration error: %s", why)
+        return Finding(
+            component="slurmd",
+            code="config_node_name",
+            status=Status.WARN,
+            action=Action.NONE,
+            message=why,
+        )
 
 
 def _munge_fail(message: str) -> Finding:

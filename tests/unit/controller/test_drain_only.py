@@ -228,6 +228,15 @@ def test_drain_faults_never_count_toward_the_lemon_score() -> None:
     assert [a.kind for a in on(plan([xid79], drains))] == [Kind.REBOOT]
 
 
+def test_a_probes_configuration_findings_never_count_toward_the_lemon_score() -> None:
+    # a slurmd NodeName mismatch reported after each of ten agent restarts this week
+    config = [fault("node2", component="slurmd", code="config_node_name", action="MONITOR",
+                    first_seen=NOW - 3600 * i, closed_at=NOW - 3600 * i + 60)
+              for i in range(1, 11)]  # fmt: skip
+    xid79 = fault("node2", component="gpu3")
+    assert [a.kind for a in on(plan([xid79], config))] == [Kind.REBOOT]
+
+
 def test_a_drain_fault_alone_never_holds_a_lemon() -> None:
     """A node past the lemon threshold for other faults is drained for a full disk, not
     held for repair: holding it would make the fill a repair case."""

@@ -62,6 +62,7 @@ def stub(**overrides: Any) -> SimpleNamespace:
         nvmlDeviceGetHandleByIndex=lambda i: f"h{i}",
         nvmlDeviceGetIndex=lambda h: int(h[1:]),
         nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        nvmlDeviceGetName=lambda h: b"NVIDIA H100 80GB HBM3",
         nvmlDeviceGetPciInfo=lambda h: SimpleNamespace(busId=b"00000000:3B:00.0"),
         nvmlDeviceGetTemperature=lambda h, s: 41,
         nvmlDeviceGetTotalEccErrors=lambda h, t, c: 0,
@@ -100,6 +101,7 @@ def test_healthy_values_are_translated() -> None:
     assert g.throttle_reasons == frozenset()
     assert (g.pcie_width, g.pcie_max_width, g.pcie_gen, g.pcie_max_gen) == (16, 16, 4, 4)
     assert g.errors == ()
+    assert g.name == "NVIDIA H100 80GB HBM3"  # bytes from older pynvml, decoded
 
 
 def test_not_supported_fields_are_none() -> None:

@@ -178,7 +178,8 @@ def test_unlisted_interface_is_not_checked(tmp_path: Path) -> None:
     [("1: DOWN", "3: Disabled", "port state DOWN"), ("4: ACTIVE", "2: Polling", "Polling")],
 )
 def test_ib_port_not_active_fails(tmp_path: Path, state: str, phys: str, expect: str) -> None:
-    ib_port(tmp_path, state=state, phys=phys)
+    # link_downed > 0: the kernel saw it up and go down since boot
+    ib_port(tmp_path, state=state, phys=phys, link_downed=1)
     out = probe(tmp_path).check()
     assert out.status is Status.FAIL
     (finding,) = out.findings

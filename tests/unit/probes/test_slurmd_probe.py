@@ -195,10 +195,13 @@ def test_slurmd_not_answering_in_time(fakes: Fakes) -> None:
     assert [f.code for f in out.findings] == ["slurmd_unresponsive"]
 
 
-def test_slurmd_answering_for_another_node(fakes: Fakes) -> None:
+def test_slurmd_answering_for_another_node_is_a_configuration_finding(fakes: Fakes) -> None:
     out = fakes.probe(node="node3").check()
-    assert [f.code for f in out.findings] == ["slurmd_wrong_node"]
-    assert "'node2'" in out.findings[0].message
+    assert [f.code for f in out.findings] == ["config_node_name"]
+    (finding,) = out.findings
+    assert finding.status is Status.WARN and out.status is Status.WARN
+    assert finding.action is Action.NONE and not finding.urgent
+    assert "'node2'" in finding.message and 'node_name = "node2"' in finding.message
     assert fakes.probe(node="node3", check_hostname=False).check().status is Status.OK
 
 
