@@ -8,7 +8,10 @@ every ``heartbeat_interval_s`` otherwise. Training progress moves every step: a 
 whose only change is progress goes at most every ``progress_interval_s``, and while
 ranks on the node record progress the heartbeat comes that often too: a job that stops
 sends no new report, and the controller can only tell "stopped" from "agent silent"
-by a heartbeat that says nothing changed (the hang judgement). The thread
+by a heartbeat that says nothing changed (the hang judgement). A heartbeat names the
+newest report (its seq) and says so up to when that report was built, so it rides on a
+report just published (``_beat_due``); one naming the report named before says nothing
+new, and the controller refuses it as a repeat (an answer, not an error). The thread
 retries with bounded exponential back-off and jitter. If the controller stays
 unreachable for ``self_drain_after_s`` while the node has an urgent fault, the agent
 drains its own node with an owned reason, so a controller outage never hides a dead GPU
@@ -181,9 +184,12 @@ class Reporter:
         self._wake = threading.Event()
         self._stopping = False
         self._pending: NodeReport | None = None
+        self._published_at = 0.0  # when the pending report was published
+        self._cycle = 0.0  # between the last two reports published (0: not seen yet)
         # Owned by the sending thread only:
         self._sent: tuple[Any, ...] | None = None
         self._sent_progress: list[JobProgress] = []
+        self._named = 0  # the seq of the last report sent, or named by a heartbeat
         self._resend = False
         self._last_send = 0.0
         self._last_full = 0.0
@@ -206,8 +212,12 @@ class Reporter:
         """Queue ``report`` for sending (replacing any unsent one); never blocks."""
         if not self.enabled:
             return
+        now = self._clock()
         with self._lock:
-            self._pending = report
+            last = self._pending
+            if last is not None and report.seq == last.seq + 1:
+                self._cycle = now - self._published_at  # the agent's, as it publishes
+            self._pending, self._published_at = report, now
         self._wake.set()
 
     def close(self, timeout: float = 5.0) -> None:
@@ -251,7 +261,7 @@ class Reporter:
         if self._sent != fingerprint(report) or self._resend:
             due = max(due, now)
         else:
-            beat = self._last_send + self._beat_interval(report)
+            beat = self._beat_due(report)
             if report.progress != self._sent_progress:
                 beat = min(beat, self._last_full + self._progress_interval_s)
             due = max(due, beat)
@@ -265,6 +275,31 @@ class Reporter:
         if report.progress and self._progress_interval_s > 0:
             return min(beat, self._progress_interval_s)
         return beat
+
+    def _beat_due(self, report: NodeReport) -> float:
+        """When the heartbeat naming ``report`` is due.
+
+        It says "nothing changed" up to the report it names, so it rides on a report
+        just published: once the interval is nearly up (half an agent cycle before), the
+        next report goes as soon as it is published; one published before that waits
+        for the next, half a cycle past the interval at most (then it goes itself). So
+        heartbeats keep their interval on average and name a report built a moment
+        before, not up to a cycle before. A report sent or named already (the agent
+        built none since: a cycle running late, or its loop stuck) goes again two
+        intervals after the last send: the controller refuses it as a repeat, an answer
+        that still shows it reachable."""
+        beat = self._beat_interval(report)
+        if report.seq <= self._named:
+            return self._last_send + 2 * beat
+        if report.progress != self._sent_progress:
+            # Its progress moved: never early, so the full report, due no later at the
+            # shipped settings, goes instead (a heartbeat would say nothing changed).
+            return self._last_send + beat
+        slack = min(beat, self._cycle) / 2
+        opens = self._last_send + beat - slack
+        if self._published_at < opens:
+            return opens + 2 * slack  # the next report, or this one at the latest then
+        return self._published_at
 
     def _step(self, report: NodeReport | None, now: float) -> None:
         if report is None:
@@ -290,12 +325,19 @@ class Reporter:
         try:
             if full:
                 self._client.report(report.model_dump(mode="json"))
-            elif now >= self._last_send + self._beat_interval(report):
+            elif now >= self._beat_due(report):
                 sent_at = datetime.now(UTC).isoformat()
                 self._client.heartbeat(report.node, report.agent_id, report.seq, sent_at)
             else:
                 return
         except ControllerError as exc:
+            if not full and exc.code == "replayed":
+                # The controller has that report named already (this heartbeat named
+                # it again, or a retry across a timeout delivered it twice): it is up
+                # and has what this says; nothing to resend, nothing to wait for.
+                self._named = report.seq
+                self._reachable(now)
+                return
             if exc.retryable:
                 # It answered: it is up and deciding (a 503 may be its munged); try
                 # again later, but this is no outage to self-drain for.
@@ -315,6 +357,7 @@ class Reporter:
         if full:
             self._sent, self._resend = fp, False
             self._sent_progress, self._last_full = report.progress, now
+        self._named = report.seq
         self._reachable(now)
         self._set_state("ok", f"reporting to controller at {self._client.url}")
 

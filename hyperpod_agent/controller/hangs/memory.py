@@ -5,15 +5,24 @@ Two things the stored snapshot cannot say:
 - **Until when a node's progress is known to be current.** An agent sends its full
   report when something in it changed, one whose only change is progress at most every
   ``progress_report_interval_s`` (one cycle, 5 s, shipped). When nothing changed it
-  sends only a heartbeat, every ``heartbeat_interval_s`` (30 s): for a hung job those
-  heartbeats are the only news. The agent sends a heartbeat only when its latest report
-  equals the last full one, progress included (a change of progress goes out in full
-  once ``progress_report_interval_s`` passed, never longer than ``heartbeat_interval_s``
-  at the shipped settings). So a heartbeat from the agent that sent the stored report,
-  at or after that report's sequence number, says the stored progress was still current
-  when the agent built the report the heartbeat stands for: at ``sent_at`` less one
-  agent cycle, on the node's own clock. Silence says nothing: from here a restarting
-  agent and a hung job look the same.
+  sends only a heartbeat naming the sequence number of its latest report, every
+  ``heartbeat_interval_s`` (at the progress cadence while ranks on the node record
+  progress): for a hung job those heartbeats are the only news. The agent sends a
+  heartbeat only when its latest report equals the last full one, progress included
+  (a change of progress goes out in full once ``progress_report_interval_s`` passed,
+  never later than the heartbeat would at the shipped settings). So a heartbeat from
+  the agent that sent the stored report, naming report ``s`` at or after the stored
+  one's sequence number, says the stored progress was still current when the agent
+  built report ``s``, on the node's own clock. The agent builds one report per cycle
+  and numbers them in order, so report ``s`` was built ``s - seq`` cycles after the
+  stored one: once two reports of the agent showed its cycle, the heartbeat is dated
+  by that, never later than the heartbeat's own ``sent_at`` (a cycle is never shorter
+  than configured, but a report may be built late in its cycle). Before (the agent,
+  or this controller, just started), by ``sent_at`` less one cycle, the cycle as the
+  stored report and the heartbeat show it: the report named may be that old. A
+  heartbeat naming the stored report itself attests nothing past it (the agent's own
+  loop may be stuck). Silence says nothing: from here a restarting agent and a hung
+  job look the same.
 - **Which jobs the last pass judged hung.** A hang is declared only when two
   consecutive passes judge the job hung at the same step of the same run; a pass that
   does not (the job advanced, a node went unknown, the job ended) forgets the job.
@@ -57,6 +66,7 @@ class _Node(NamedTuple):  # made on every report: the cheapest record to make
     seq: int  # the stored report's
     generated_at: float  # the stored report's, node clock
     cycle_s: float  # the agent's cycle, as its reports show it
+    measured: bool  # cycle_s is from two reports of this agent (else a guess, or the max)
     until: float  # node clock: the stored progress is known current up to here
     heard: float  # controller clock: when the latest evidence of it arrived
     progress: Sequence[JobProgress]  # the stored report's
@@ -113,6 +123,23 @@ def _due(progress: Sequence[JobProgress], cfg: ProgressConfig) -> float:
     return due
 
 
+def _attested(last: _Node, seq: int, sent_at: float, cycle: float) -> float:
+    """Until when (node clock) a heartbeat naming report ``seq`` of the agent that
+    sent ``last`` says ``last``'s progress held: when that agent built report ``seq``.
+
+    Dated by the report it names when two reports showed the agent's cycle: one report
+    per cycle, so ``seq - last.seq`` cycles after ``last``. Never after ``sent_at``:
+    the report was built before the heartbeat naming it went out, and a cycle taken
+    from two reports may be long (one of them built late in its cycle), which would
+    date it later than it was. Otherwise ``sent_at`` less one cycle (``cycle``, as the
+    report and this heartbeat show it): the report named may be that old."""
+    if seq == last.seq:
+        return last.generated_at  # the stored report itself: nothing newer is known
+    if last.measured:
+        return min(last.generated_at + (seq - last.seq) * last.cycle_s, sent_at)
+    return sent_at - cycle
+
+
 class HangMemory:
     """Per-node evidence (fed by ingest) and per-job judgements (fed by the judge).
 
@@ -143,13 +170,23 @@ class HangMemory:
         with self._lock:
             last = self._nodes.get(node)
             cycle = MAX_CYCLE_S
-            if last is not None and last.agent_id == agent_id and seq > last.seq:
-                # One report per agent cycle: the reports show the cycle. A slow cycle
-                # makes this longer, which only makes a heartbeat attest less.
+            measured = last is not None and last.agent_id == agent_id and seq > last.seq
+            if last is not None and measured:
+                # One report per agent cycle: the reports show the cycle. One built late
+                # in its cycle makes this long: _attested never dates a heartbeat past
+                # its own sending for that.
                 span = (generated_at - last.generated_at) / (seq - last.seq)
                 cycle = min(max(span, MIN_CYCLE_S), MAX_CYCLE_S)
             self._nodes[node] = _Node(
-                agent_id, seq, generated_at, cycle, generated_at, received_at, progress, None
+                agent_id,
+                seq,
+                generated_at,
+                cycle,
+                measured,
+                generated_at,
+                received_at,
+                progress,
+                None,
             )
             self._nodes.move_to_end(node)
             if len(self._nodes) > MAX_NODES:
@@ -161,8 +198,9 @@ class HangMemory:
     def heartbeat(
         self, node: str, agent_id: str, seq: int, sent_at: float, received_at: float
     ) -> bool:
-        """A heartbeat from ``node`` (``sent_at`` on its clock). It attests the stored
-        report only if from the same agent, not older. Returns whether to pass now: it
+        """A heartbeat from ``node`` (``sent_at`` on its clock) naming report ``seq``.
+        It attests the stored report only if from the same agent, not older, up to when
+        the agent built report ``seq`` (``_attested``). Returns whether to pass now: it
         is news of a job awaiting its second judgement, or it takes a job on the node
         past its limit (the first judgement, without waiting for the next tick)."""
         with self._lock:
@@ -170,14 +208,14 @@ class HangMemory:
             if last is None or last.agent_id != agent_id or seq < last.seq:
                 return False  # another agent (restarted), or an older report: no news
             cycle = last.cycle_s
-            if cycle >= MAX_CYCLE_S and seq > last.seq:
+            if not last.measured and seq > last.seq:
                 # Not two reports of this agent yet (it, or this controller, just
                 # started): the report and the heartbeat show the cycle, a little long
                 # (the heartbeat goes out after the report it stands for was made),
                 # which only makes it attest less.
                 span = (sent_at - last.generated_at) / (seq - last.seq)
                 cycle = min(max(span, MIN_CYCLE_S), MAX_CYCLE_S)
-            until = max(last.until, sent_at - cycle)
+            until = max(last.until, _attested(last, seq, sent_at, cycle))
             due = _due(last.progress, self.cfg) if last.due is None else last.due
             heard = max(last.heard, received_at)
             self._nodes[node] = last._replace(cycle_s=cycle, until=until, heard=heard, due=due)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from test_hang_sim import (
+    BEAT_S,
     CYCLE_S,
     HEARTBEAT_S,
     PASS_S,
@@ -168,6 +169,7 @@ def test_the_shipped_cadences_are_what_the_simulation_assumes() -> None:
     # The reporter sends progress in full every cycle at most, and a heartbeat attests
     # only because progress goes out in full before the next heartbeat is due.
     assert (CYCLE_S, PROGRESS_S, HEARTBEAT_S, PASS_S) == (5.0, 5.0, 30.0, 10.0)
+    assert BEAT_S == PROGRESS_S  # while ranks record progress: every node here
 
 
 def test_a_stalled_node_sends_heartbeats_only() -> None:
@@ -176,7 +178,7 @@ def test_a_stalled_node_sends_heartbeats_only() -> None:
     [h] = place([t], 1, rng, T0 + 400)
     send, beat, epoch, seq, _, _ = agent_messages(h, rng, T0 + 400)
     after = send > t.last_step + CYCLE_S
-    assert beat[after].all() and np.allclose(np.diff(send[after]), HEARTBEAT_S)
+    assert beat[after].all() and np.allclose(np.diff(send[after]), BEAT_S)
     training = (send > t.steps[0] + CYCLE_S) & (send < t.last_step)
     assert training.any() and not beat[training].any()  # 1 s steps: in full every cycle
     assert (np.diff(seq) >= 0).all() and set(epoch.tolist()) == {0}

@@ -85,9 +85,12 @@ def test_a_heartbeat_of_the_same_agent_carries_the_report_forward() -> None:
     snap = snapshot({"node1": (NOW - 60, NOW - 1, ranks(NOW - 61))})
     assert judge(snap, CFG, NOW, mem) == ([], [])  # 1 s idle, and 60 s unheard: unknown
     mem.heartbeat("node1", "a1", 22, NOW - 1, NOW - 1)
-    judge(snap, CFG, NOW, mem)  # first judgement: 55 s idle (the heartbeat less a cycle)
+    judge(snap, CFG, NOW, mem)  # first judgement
     [hang], _ = judge(snap, CFG, NOW + 10, mem)  # second, consecutive: declared
-    assert hang.idle_s == 55.0
+    # Report 22 was built twelve 5 s cycles after report 10, at NOW on the node's
+    # clock, but the heartbeat naming it went out at NOW - 1: no later than that. Up
+    # to there, 60 s idle (the heartbeat less a cycle, as once, said 55 s).
+    assert hang.idle_s == 60.0
 
 
 def test_a_restarted_agents_heartbeat_carries_nothing_forward() -> None:

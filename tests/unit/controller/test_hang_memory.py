@@ -42,12 +42,49 @@ def test_a_report_is_current_as_of_its_own_time() -> None:
     assert mem.evidence("n2", NOW + SKEW) is None
 
 
-def test_a_heartbeat_of_the_same_agent_extends_it_less_one_cycle() -> None:
+def test_a_heartbeat_is_dated_by_the_report_it_names() -> None:
     mem = HangMemory()
     reported(mem)
     mem.heartbeat("n1", "a1", 16, NOW + SKEW + 30, NOW + 30.4)
-    # The report the heartbeat stands for may be one cycle (5 s, from the reports) old.
-    assert mem.evidence("n1", NOW + SKEW) == (NOW + SKEW + 25, NOW + 30.4)
+    # Report 16 was built six 5 s cycles after report 10 (the reports show the cycle):
+    # the heartbeat says nothing changed up to then. (Dated by its sending less a cycle,
+    # as once, it would say 25 s: a heartbeat more was needed to see a stop.)
+    assert mem.evidence("n1", NOW + SKEW) == (NOW + SKEW + 30, NOW + 30.4)
+    # Sent later than the report it names was built (the agent's sender waited):
+    # still the report's time, not the sending's.
+    mem.heartbeat("n1", "a1", 17, NOW + SKEW + 38, NOW + 38.4)
+    assert mem.evidence("n1", NOW + SKEW) == (NOW + SKEW + 35, NOW + 38.4)
+
+
+def test_a_heartbeat_is_never_dated_after_it_was_sent() -> None:
+    # The second report was built late in its cycle: the reports show a 5.8 s cycle,
+    # longer than the agent's. Six of those would date report 16 after the heartbeat
+    # naming it went out; it was built before.
+    mem = HangMemory()
+    mem.report("n1", "a1", 9, NOW + SKEW - 5.8, NOW - 5.8, [progress()])
+    mem.report("n1", "a1", 10, NOW + SKEW, NOW, [progress()])
+    mem.heartbeat("n1", "a1", 16, NOW + SKEW + 30.1, NOW + 30.2)
+    assert mem.evidence("n1", NOW + SKEW) == (NOW + SKEW + 30.1, NOW + 30.2)
+
+
+def test_a_slowed_agents_heartbeat_attests_only_the_cycles_it_made() -> None:
+    # The agent's cycles overran (a probe taking long): in 30 s it built two reports,
+    # not six. Its progress is known up to the second, not up to the heartbeat less a
+    # cycle (25 s, as once): a rank may have stepped since, unread.
+    mem = HangMemory()
+    reported(mem)
+    mem.heartbeat("n1", "a1", 12, NOW + SKEW + 30, NOW + 30)
+    assert mem.evidence("n1", NOW + SKEW) == (NOW + SKEW + 10, NOW + 30)
+
+
+def test_a_heartbeat_naming_the_stored_report_attests_nothing_past_it() -> None:
+    # The agent's loop built no report since (stuck, say, reading records on a hung
+    # filesystem) while its sender still speaks: the node is heard from, its progress
+    # is known only as of that report.
+    mem = HangMemory()
+    reported(mem)
+    assert not mem.heartbeat("n1", "a1", 10, NOW + SKEW + 30, NOW + 30)
+    assert mem.evidence("n1", NOW + SKEW) == (NOW + SKEW, NOW + 30)
 
 
 def test_a_heartbeat_of_another_agent_or_an_older_report_attests_nothing() -> None:

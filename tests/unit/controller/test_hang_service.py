@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from ctl_helpers import FakeSlurm, cluster, config, job, ts
 from test_service import Clock, make
 
@@ -139,13 +140,35 @@ def test_heartbeats_carry_a_stalled_report_forward_and_wake_the_loop(tmp_path: P
     ctl.ingest_heartbeat(beat(8, clock.t))  # past the 5 s limit: its first judgement now
     assert ctl.wake.is_set()
     until, _ = ctl.hang_memory.evidence("node1", clock.t - 30) or (0.0, 0.0)
-    assert until == clock.t - 5  # the heartbeat less one agent cycle
+    # Report 8 was built six 5 s cycles after report 2 (the reports show the cycle):
+    # up to then. (The heartbeat less one cycle, as once, would say 5 s less.)
+    assert until == clock.t
     assert judged(ctl, clock.t) == []  # judged hung once
     ctl.wake.clear()
     clock.t += 30
     ctl.ingest_heartbeat(beat(14, clock.t))  # news of a job awaiting its second judgement
     assert ctl.wake.is_set()
     assert judged(ctl, clock.t) == [JOB]
+
+
+def test_at_the_progress_cadence_a_stall_is_declared_by_the_second_heartbeat_past_it(
+    tmp_path: Path,
+) -> None:
+    # Shipped: while ranks record progress the agent heartbeats every cycle (5 s). The
+    # last step 1 s before report 2, the limit 5 s: report 3, built a cycle later, is
+    # past it (the heartbeat less a cycle would not be: it took a heartbeat more).
+    ctl, clock, last = stalled(tmp_path)
+    ctl.wake.clear()
+    clock.t += 5.05
+    ctl.ingest_heartbeat(beat(3, clock.t))
+    assert ctl.wake.is_set()  # its first judgement, now
+    assert judged(ctl, clock.t) == []
+    ctl.wake.clear()
+    clock.t += 5
+    ctl.ingest_heartbeat(beat(4, clock.t))
+    assert ctl.wake.is_set()  # its second
+    assert judged(ctl, clock.t) == [JOB]
+    assert clock.t - last == pytest.approx(11.05)  # the limit, two cycles, the sending
 
 
 def test_a_report_of_a_suspect_job_wakes_the_loop(tmp_path: Path) -> None:

@@ -13,9 +13,11 @@ test_hang_properties.py drives both).
   (several small jobs on an 8-GPU node). Node clocks are skewed.
 - **Agents as shipped** (agent/daemon.py, agent/reporter.py): one report per cycle,
   sent in full when it differs from the last one sent (progress at most every
-  ``progress_report_interval_s``, here equal to the cycle), else a heartbeat
-  ``heartbeat_interval_s`` after the last message; restarts (a gap, then a new agent
-  id, seq from 1, a full report first). Messages arrive after a transit delay, in order.
+  ``progress_report_interval_s``, here equal to the cycle), else a heartbeat naming the
+  report just built, every ``progress_report_interval_s`` after the last message (the
+  heartbeat cadence while ranks on the node record progress, as they do on every node
+  here: ``Reporter._beat_interval``); restarts (a gap, then a new agent id, seq from 1,
+  a full report first). Messages arrive after a transit delay, in order.
 Ranks in the snapshot are NamedTuples with RankProgress's fields, not pydantic models
 (validation is ingest's; 10,000 simulated job-hours of models would not fit the time
 budget): ``valid`` checks the first report of every node against the real models.
@@ -40,6 +42,7 @@ _AGENT = AgentConfig(node_name="sim")
 CYCLE_S = _AGENT.effective_cycle_s()
 PROGRESS_S = _AGENT.effective_progress_report_interval_s()
 HEARTBEAT_S = ReporterConfig().heartbeat_interval_s
+BEAT_S = min(HEARTBEAT_S, PROGRESS_S)  # the heartbeat cadence while ranks record progress
 PASS_S = ControllerConfig().reconcile_interval_s
 PASS_TAKES_S = (0.02, 0.5)  # how long a pass takes (Slurm, the store): passes drift
 PROGRESS = ProgressConfig()
@@ -67,7 +70,7 @@ class Spec:
     restarts: int = 0  # agent restarts on its nodes over the run, 2 s to 2 min down
     stop_after_s: float | None = None  # the job stops this long after its start
     stop: str = "deadlock"  # deadlock | dstate | sigstop
-    heartbeat_s: float = HEARTBEAT_S
+    heartbeat_s: float = BEAT_S
 
 
 class RankView(NamedTuple):
