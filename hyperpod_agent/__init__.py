@@ -1,3 +1,3 @@
 """hyperpod-agent: HyperPod-grade resilience for any Slurm GPU cluster."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"

@@ -262,9 +262,12 @@ class ControllerClient:
         node: str | None = None,
         limit: int | None = None,
         job: int | None = None,
+        kind: str | None = None,
     ) -> Any:
-        """``GET /v1/events`` filtered by time (ISO 8601), node, job and count."""
+        """``GET /v1/events`` filtered by time (ISO 8601), node, job, kind and count."""
         query: dict[str, str | int] = {}
+        if kind:
+            query["kind"] = kind
         if since:
             query["since"] = since
         if node:
@@ -275,13 +278,16 @@ class ControllerClient:
             query["limit"] = limit
         return self.request("GET", "/v1/events", query=query or None)
 
-    def action(self, node: str, action: str, reason: str = "") -> Any:
-        """``POST /v1/nodes/{name}/actions``: ask the controller to act on a node."""
+    def action(self, node: str, action: str, reason: str = "", check: bool | None = None) -> Any:
+        """``POST /v1/nodes/{name}/actions``: ask the controller to act on a node.
+        ``check=False`` (resume only) resumes without the re-entry deep check; the field
+        is sent only when given, so an older controller still takes the request."""
         if action not in ACTIONS:
             raise ValueError(f"unknown action {action!r}")
-        return self.request(
-            "POST", f"/v1/nodes/{_seg(node)}/actions", {"action": action, "reason": reason}
-        )
+        body: dict[str, Any] = {"action": action, "reason": reason}
+        if check is not None:
+            body["check"] = check
+        return self.request("POST", f"/v1/nodes/{_seg(node)}/actions", body)
 
     def check(self, nodes: list[str], level: str = "quick", drain_first: bool = False) -> Any:
         """``POST /v1/checks``: run the deep-check suite on ``nodes`` (admin)."""

@@ -4,7 +4,9 @@ the deep-check suites and ``hyperpod config check``."""
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,6 +14,8 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from hyperpod_agent.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def _describe(err: Any) -> str:
@@ -46,10 +50,53 @@ def load_toml(path: Path) -> dict[str, Any]:
 M = TypeVar("M", bound=BaseModel)
 
 
-def load_model(path: Path, model: type[M]) -> M:
-    """Load and validate ``path`` as ``model``; ConfigError with the key path."""
-    data = load_toml(path)
+def load_model(path: Path, model: type[M], *, newer_keys: bool = False) -> M:
+    """Load and validate ``path`` as ``model``; ConfigError with the key path.
+
+    ``newer_keys``: a daemon's own config during a rollout may hold keys of the next
+    release (provisioning updated before the package): they are ignored with a
+    warning each rather than a crash loop. Only when every error is such a key; a
+    wrong value is still an error. ``hyperpod config validate`` stays strict."""
+    return validate_model(load_toml(path), model, str(path), newer_keys=newer_keys)
+
+
+def validate_model(
+    data: dict[str, Any], model: type[M], source: str, *, newer_keys: bool = False
+) -> M:
+    """``load_model`` on already parsed data."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(str(path), exc)) from None
+        kept = without_newer_keys(data, exc, source) if newer_keys else None
+        if kept is None:
+            raise ConfigError(format_validation_error(source, exc)) from None
+    try:
+        return model.model_validate(kept)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(source, exc)) from None
+
+
+def without_newer_keys(
+    data: dict[str, Any], exc: ValidationError, source: str
+) -> dict[str, Any] | None:
+    """``data`` without the keys ``exc`` found unknown, each logged as a warning; None
+    when there are none (the error is another)."""
+    unknown = [e["loc"] for e in exc.errors() if e["type"] == "extra_forbidden"]
+    if not unknown:
+        return None
+    kept = copy.deepcopy(data)
+    for loc in unknown:
+        _drop(kept, loc)
+        log.warning(
+            "%s: %s: not a key of this release, ignored (a newer config? "
+            "`hyperpod config validate` reports it)",
+            source,
+            ".".join(str(p) for p in loc),
+        )
+    return kept
+
+
+def _drop(data: Any, loc: tuple[Any, ...]) -> None:
+    for step in loc[:-1]:
+        data = data[step]
+    data.pop(loc[-1], None)

@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from hyperpod_agent.wire import Tolerant
+
 
 class Status(str, enum.Enum):
     """Outcome of one probe run. UNKNOWN means the checking machinery failed,
@@ -73,10 +75,10 @@ class Verdict(str, enum.Enum):
     FAULTY = "faulty"
 
 
-class Finding(BaseModel):
+class Finding(Tolerant):
     """One thing a probe found wrong with one component."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     component: str = Field(min_length=1, max_length=64, description="gpu3, ib0, /scratch, slurmd")
     code: str = Field(min_length=1, max_length=64, description="xid79, link_down, fs_readonly")
@@ -86,10 +88,10 @@ class Finding(BaseModel):
     message: str = Field(default="", max_length=512)
 
 
-class ProbeResult(BaseModel):
+class ProbeResult(Tolerant):
     """What one probe reported in one run."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     probe: str = Field(min_length=1, max_length=32)
     status: Status
@@ -116,12 +118,12 @@ class Fault(BaseModel):
     message: str = ""
 
 
-class FaultRef(BaseModel):
+class FaultRef(Tolerant):
     """A FAIL finding the agent's verdict confirmed: reported by enough consecutive runs
     of its probe (flap damping) and outside the start-up grace. Only these may lead the
     controller to take the node out."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     probe: str = Field(min_length=1, max_length=32)
     component: str = Field(min_length=1, max_length=64)
@@ -137,10 +139,10 @@ def _seconds() -> Any:
     return Field(default=None, ge=0.0, le=1e7)
 
 
-class RankProgress(BaseModel):
+class RankProgress(Tolerant):
     """One training rank's progress on this node, summarised by the agent."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     rank: int = Field(ge=0, le=10_000_000)
     pid: int = Field(ge=0, le=2**31)
@@ -158,10 +160,10 @@ class RankProgress(BaseModel):
     )
 
 
-class JobProgress(BaseModel):
+class JobProgress(Tolerant):
     """The progress of one job's ranks on this node."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)
 
     job_id: int = Field(gt=0, le=MAX_JOB_ID)
     uid: int | None = Field(
@@ -177,14 +179,14 @@ class JobProgress(BaseModel):
     ranks: list[RankProgress] = Field(default_factory=list, max_length=256)
 
 
-class NodeReport(BaseModel):
+class NodeReport(Tolerant):
     """What an agent tells the controller, and what it caches for health-check.
 
     ``seq`` grows by one per report from an agent process; ``agent_id`` changes when
     the agent restarts, so (agent_id, seq) orders reports and exposes replays.
+    A newer agent's fields this release does not know are ignored and counted
+    (``wire.Tolerant``).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     node: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     agent_id: str = Field(min_length=1, max_length=64)

@@ -32,6 +32,10 @@ class Verb(enum.StrEnum):
     REPLACE = "replace"  # replaced; held for repair, never auto-resumed
     HOLD = "hold"  # lemon or admin hold: never auto-resumed
     SPARE = "spare"  # waiting in the spare pool
+    # out until it passed a deep check before it takes work: a node new from provisioning,
+    # back from a replacement, or resumed by an admin; resumed by us (without a deep-check
+    # suite, once healthy)
+    CHECK = "check"
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,11 @@ def parse_reason(reason: str) -> OwnedReason | None:
     code = parts[2] if len(parts) > 2 else "-"
     message = parts[3] if len(parts) > 3 else ""
     return OwnedReason(verb, component, code, message)
+
+
+# What the lifecycle scripts drain a newly provisioned worker with: the controller
+# checks it (docs/deep-checks.md, "Gates") and then resumes it.
+FIRST_USE = format_reason(Verb.CHECK, "provision", "new", "deep check before first use")
 
 
 def parse_admin_request(reason: str) -> Verb | None:

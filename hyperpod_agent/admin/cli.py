@@ -19,6 +19,7 @@ import click
 from hyperpod_agent.admin import render
 from hyperpod_agent.admin.checks_cli import node_check
 from hyperpod_agent.admin.common import (
+    EVENT_KIND,
     MAX_REASON,
     NODE_NAME,
     _emit,
@@ -119,12 +120,20 @@ def _action_command(action: str, help_text: str) -> click.Command:
         config_file: Path | None,
         timeout: float | None,
         as_json: bool,
+        no_check: bool = False,
     ) -> None:
         why = reason or f"requested by {getpass.getuser()}"
         client = make_client(url, munge_socket, config_file, timeout)
-        doc = client.action(name, action, why)
+        # only a --no-check is sent: without it the controller decides (its gate)
+        doc = client.action(name, action, why, check=False if no_check else None)
         _emit(doc, as_json, lambda d: _accepted(action, name, _obj(d)))
 
+    if action == "resume":
+        command = click.option(
+            "--no-check",
+            is_flag=True,
+            help="Resume at once, without the deep check the re-entry gate asks for first.",
+        )(command)
     return command
 
 
@@ -139,7 +148,8 @@ def _accepted(action: str, name: str, doc: dict[str, Any]) -> str:
 
 _HELP = {
     "drain": "Drain NAME: no new jobs; running jobs finish.",
-    "resume": "Resume NAME if the controller drained it.",
+    "resume": "Resume NAME if the controller drained it; with deep-check gates on "
+    "(docs/deep-checks.md), once it passed a deep check.",
     "reboot": "Drain NAME and reboot it when idle.",
     "replace": "Take NAME out of service and bring in a replacement.",
 }
@@ -168,6 +178,7 @@ class SinceType(click.ParamType[datetime, Any]):
 @click.option("--node", "node_name", help="Only events about this node.")
 @click.option("--job", "job_id", type=click.IntRange(1), help="Only events about this job.")
 @click.option("--limit", type=click.IntRange(1, 1000), help="At most this many events.")
+@click.option("--kind", help="Only events of this kind (would_have, drain, requeue, ...).")
 @connection_options
 @json_option
 @one_line_errors
@@ -176,6 +187,7 @@ def events(
     node_name: str | None,
     job_id: int | None,
     limit: int | None,
+    kind: str | None,
     url: str | None,
     munge_socket: Path | None,
     config_file: Path | None,
@@ -185,9 +197,11 @@ def events(
     """The controller's event log: every decision with its cause."""
     if node_name is not None and not NODE_NAME.match(node_name):
         raise click.BadParameter(f"{node_name!r} is not a node name", param_hint="'--node'")
+    if kind is not None and not EVENT_KIND.match(kind):
+        raise click.BadParameter(f"{kind!r} is not an event kind", param_hint="'--kind'")
     client = make_client(url, munge_socket, config_file, timeout)
     since_iso = since.isoformat() if since else None
-    doc = client.events(since=since_iso, node=node_name, limit=limit, job=job_id)
+    doc = client.events(since=since_iso, node=node_name, limit=limit, job=job_id, kind=kind)
     _emit(doc, as_json, lambda d: render.events_table(_rows(d)))
 
 

@@ -20,6 +20,7 @@ from hyperpod_agent.errors import HyperpodError
 
 F = TypeVar("F", bound=Callable[..., Any])
 NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+EVENT_KIND = re.compile(r"^[a-z_]{1,64}$")
 MAX_REASON = 160
 
 

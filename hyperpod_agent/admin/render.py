@@ -136,7 +136,7 @@ def status_text(s: dict[str, Any], now: datetime) -> str:
             ("open faults", s.get("open_faults")),
             ("pending actions", s.get("pending_actions")),
             ("incident mode", incident),
-            ("dry run", bool(s.get("dry_run"))),
+            ("mode", s.get("mode") or ("observe" if s.get("dry_run") else "act")),
             ("last pass", f"{timestamp(last)} ({age(last, now)} ago)" if last else "never"),
             *leading,
             *_degraded(s.get("degraded")),

@@ -167,4 +167,5 @@ def load_agent_config(path: Path | None) -> AgentConfig:
     """Load agent.toml; defaults when ``path`` is None."""
     if path is None:
         return AgentConfig()
-    return load_model(path, AgentConfig)
+    # A rollout may bring the next release's keys before its package: warn, run on.
+    return load_model(path, AgentConfig, newer_keys=True)

@@ -97,6 +97,8 @@ class Agent:
         self.runner = ProbeRunner(self.probes, observer=self._observe)
         self.engine = VerdictEngine(config.verdict, started=time.monotonic())
         self.reporter = reporter
+        if hasattr(reporter, "count_would_have"):
+            reporter.count_would_have(lambda action: self.metrics.would_have.labels(action).inc())
         self.stopping = threading.Event()
         self._last_state: tuple[str, str, str] | None = None
         self._probe_status: dict[str, Status] = {}

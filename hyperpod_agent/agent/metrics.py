@@ -86,6 +86,12 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.would_have = Counter(
+            "hyperpod_agent_would_have",
+            'What mode = "observe" left undone, by action (self_drain)',
+            ["action"],
+            registry=r,
+        )
         self._xids = _XidCollector()
         r.register(self._xids)
         self._server: Any = None

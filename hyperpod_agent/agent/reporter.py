@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -66,6 +66,11 @@ class ReporterConfig(BaseModel):
     backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
     backoff_jitter: float = Field(default=0.2, ge=0, le=1, description="+- fraction")
     self_drain: bool = True
+    mode: Literal["act", "observe"] = Field(
+        default="act",
+        description='"observe": a self-drain is decided, logged and counted, not done '
+        "(the controller's [policy] mode, for the agent's one action of its own)",
+    )
     self_drain_after_s: float = Field(default=120.0, gt=0)
     self_drain_min_interval_s: float = Field(
         default=600.0, ge=0, description="at most one self-drain per this many seconds"
@@ -177,6 +182,7 @@ class Reporter:
             min_interval_s=config.self_drain_min_interval_s,
             retry_s=config.backoff_max_s,
             slurm_user=config.slurm_user,
+            observe=config.mode == "observe",
         )
         self._clock = clock
         self._rng = rng or random.Random()
@@ -219,6 +225,10 @@ class Reporter:
                 self._cycle = now - self._published_at  # the agent's, as it publishes
             self._pending, self._published_at = report, now
         self._wake.set()
+
+    def count_would_have(self, hook: Callable[[str], None]) -> None:
+        """Count what observe mode left undone (the agent's metrics)."""
+        self._self_drain.on_would_have = hook
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the sending thread; an unsent report is dropped."""

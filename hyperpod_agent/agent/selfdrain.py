@@ -4,12 +4,14 @@ A last resort (DESIGN §1): only with an urgent fault the verdict confirmed, onl
 the controller has not answered at all for ``self_drain_after_s`` (a controller that
 answers with an error is up and decides for itself), only a node nobody else has taken
 out (the one owner check, asked right before the drain), and at most once per
-``self_drain_min_interval_s``.
+``self_drain_min_interval_s``. In ``mode = "observe"`` it is decided and logged as
+"would self-drain", and counted (``hyperpod_agent_would_have_total``); Slurm is untouched.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Protocol
 
 from hyperpod_agent.health import Action, NodeReport, Verdict
@@ -55,8 +57,12 @@ class SelfDrain:
         min_interval_s: float,
         retry_s: float,
         slurm_user: str,
+        observe: bool = False,
     ) -> None:
         self.node = node
+        # mode = "observe": decided and logged, counted through ``on_would_have``, not done
+        self.observe = observe
+        self.on_would_have: Callable[[str], None] | None = None
         self.slurm = slurm
         self.enabled = enabled
         self.after_s = after_s
@@ -101,6 +107,9 @@ class SelfDrain:
                     owner.value,
                 )
                 return
+            if self.observe:
+                self._would_have(key, reason, down_for, now)
+                return
             self.slurm.drain(self.node, reason)
         except Exception as exc:  # noqa: BLE001 - a missing or broken Slurm client included
             self._next = now + self.retry_s
@@ -115,6 +124,21 @@ class SelfDrain:
             self.node,
             reason,
         )
+
+    def _would_have(self, key: str, reason: str, down_for: float, now: float) -> None:
+        # As if drained: the same fault is not told again, and the rate limit holds.
+        self._handled.add(key)
+        self._last_drain = now
+        self._next = now + self.min_interval_s
+        log.warning(
+            "observe: would self-drain %s (%s): controller unreachable for %.0f s with an "
+            "urgent fault",
+            self.node,
+            reason,
+            down_for,
+        )
+        if self.on_would_have is not None:
+            self.on_would_have("self_drain")
 
     def failed_step(self, now: float) -> None:
         """The reporter's step raised: do not retry at once."""

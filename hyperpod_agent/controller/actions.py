@@ -34,6 +34,7 @@ from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.log import MAX_MESSAGE
 from hyperpod_agent.controller.store.rows import ActionRow, EventIn
 from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.reasons import Verb, format_reason, parse_reason
 from hyperpod_agent.slurm.models import Job, Node
 from hyperpod_agent.text import printable
 
@@ -68,6 +69,9 @@ class Executor:
         # The leader's lease while a pass runs with [ha]: every intent write is fenced
         # with it, so a deposed leader writes none (LeaseLost ends its pass).
         self.fence: Lease | None = None
+        # Observe mode: the decisions of the last pass, (kind, target) -> fault code.
+        self._would: dict[tuple[str, str], str] = {}
+        self._would_now: dict[tuple[str, str], str] = {}
         # Each intent and action on its own: one that raises is skipped, not the pass.
         self.isolation = Isolation(store.add_event, time.time)
 
@@ -83,6 +87,9 @@ class Executor:
             log.warning("%s", printable(ev.message, MAX_MESSAGE))
         ids: list[int] = []
         promised: set[str] = set()  # spares already given to a replacement in this pass
+        # In observe mode a decision that stands pass after pass is logged once, and
+        # again only after it was not made for a pass.
+        self._would_now = {}
         for pa in decision.actions:
             aid = self.isolation.run(
                 "action",
@@ -94,6 +101,7 @@ class Executor:
             )
             if aid is not None:
                 ids.append(aid)
+        self._would = self._would_now
         return ids
 
     def _execute_one(
@@ -106,14 +114,13 @@ class Executor:
         if pa.kind is Kind.FINDING:
             records.finding(self.store, pa, now)
             return None
+        if self.config.policy.observe:
+            self._would_have(pa, now)
+            return None
         if pa.kind is Kind.CHECK:
-            records.check_run(self.store, pa, self.config.policy.dry_run, now)
+            records.check_run(self.store, pa, now)
             return None
         if self._cooling(pa, now):
-            return None
-        if self.config.policy.dry_run:
-            self._event("dry_run", f"dry-run: would {pa.kind.value} {intents.target(pa)}", pa, now)
-            metrics.ACTIONS.labels(pa.kind.value, "dry_run").inc()
             return None
         params = dict(pa.params)
         if pa.node is not None and pa.node in nodes:
@@ -193,7 +200,7 @@ class Executor:
         if why is not None:
             self._abandon(row, why, now)
             return 0
-        if self.config.policy.dry_run:
+        if self.config.policy.observe:
             return 0
         self._apply(row, now)
         return 1
@@ -224,7 +231,7 @@ class Executor:
             if row.kind in (Kind.DRAIN.value, Kind.HOLD.value):
                 self.slurm.drain(str(row.node), row.reason, expect=expect)
             elif row.kind == Kind.RESUME.value:
-                self.slurm.resume(str(row.node), expect=expect)
+                self._resume(row, expect)
             elif row.kind == Kind.REBOOT.value:
                 self._reboot(row)
             elif row.kind == Kind.REQUEUE.value:
@@ -247,6 +254,16 @@ class Executor:
         self._crash_hook(f"applied:{row.kind}")
         self._done(row, now, counts_attempt=True)
 
+    def _resume(self, row: ActionRow, expect: tuple[str, ...] | None) -> None:
+        """Resume the node; an admin's resume through the re-entry gate (``deep_check``)
+        instead drains it under its ``hyperpod:check`` reason, and the gate resumes it
+        once it passed. A node already in service is left so, never drained for it."""
+        node = str(row.node)
+        if row.params.get("deep_check") and row.reason and row.params.get("seen_reason"):
+            self.slurm.drain(node, row.reason, expect=expect)
+            return
+        self.slurm.resume(node, expect=expect)
+
     def _reboot(self, row: ActionRow) -> None:
         """``scontrol reboot ASAP nextstate=resume``: Slurm puts the node back in service
         once it booted. With the re-entry gate the node must pass its deep checks
@@ -255,7 +272,7 @@ class Executor:
         node = str(row.node)
         deep = self.config.deep_checks
         expect = _expected(row)
-        if not (deep.gate_reentry and "reboot" in deep.gate_after):
+        if not (deep.reentry_gate_on and "reboot" in deep.gate_after):
             self.slurm.reboot(node, row.reason, asap=True, next_state="resume", expect=expect)
             return
         self.slurm.drain(node, row.reason, expect=expect)
@@ -321,18 +338,26 @@ class Executor:
             )
             metrics.ACTIONS.labels(row.kind, "failed").inc()
             return 0
+        self._crash_hook(f"came_back:{row.kind}")
+        note = ""
         if self.provider.resumes_node:
+            # Only while it still has our replace reason: an admin who drained the node
+            # meanwhile keeps it. With the re-entry gate the node that came back is not
+            # resumed but handed to the gate, which resumes it once it passed.
+            gated = self.config.deep_checks.reentry_gate_on
             try:
-                # Only while it still has our replace reason: an admin who drained
-                # the node meanwhile keeps it.
-                self.slurm.resume(str(row.node), expect=(row.reason,))
+                if gated:
+                    self.slurm.drain(str(row.node), replaced_reason(row), expect=(row.reason,))
+                    note = "back; held for a deep check before it takes work"
+                else:
+                    self.slurm.resume(str(row.node), expect=(row.reason,))
             except Refused as exc:
-                self._done(row, now, f"not resumed: {exc.why}")
+                self._done(row, now, f"not {'held' if gated else 'resumed'}: {exc.why}")
                 return 1
             except SlurmError as exc:
                 log.warning("resume %s after replacement: %s (retrying)", row.node, exc)
                 return 0
-        self._done(row, now)
+        self._done(row, now, note, measured=True)
         return 1
 
     def _failed_attempt(self, row: ActionRow, error: str, now: float) -> None:
@@ -380,9 +405,16 @@ class Executor:
         log.warning("%s", message)
 
     def _done(
-        self, row: ActionRow, now: float, note: str = "", counts_attempt: bool = False
+        self,
+        row: ActionRow,
+        now: float,
+        note: str = "",
+        counts_attempt: bool = False,
+        measured: bool | None = None,
     ) -> None:
-        """Mark ``row`` done with its accounting and event, in one transaction."""
+        """Mark ``row`` done with its accounting and event, in one transaction. A take-out
+        is measured (fault to drain) when it is ``measured``, by default when there is no
+        ``note`` (one that went otherwise: found applied, not resumed)."""
         job = (
             records.requeued(self.store.job(row.job_id or 0), row, now)
             if row.kind == Kind.REQUEUE.value
@@ -406,12 +438,38 @@ class Executor:
         if job is not None:
             metrics.REQUEUES.inc()
         first = row.params.get("fault_first_seen")
-        if row.kind in TAKE_OUT_KINDS and isinstance(first, int | float) and not note:
+        if measured is None:
+            measured = not note
+        if row.kind in TAKE_OUT_KINDS and isinstance(first, int | float) and measured:
             metrics.FAULT_TO_DRAIN.observe(max(0.0, now - float(first)))
+
+    def _would_have(self, pa: PlannedAction, now: float) -> None:
+        """Observe mode: what this action would have done, once while it stands."""
+        target = intents.target(pa)
+        if pa.kind is Kind.CHECK:
+            target = ", ".join(str(n) for n in pa.params.get("nodes", ()))
+        # The decision, not its wording: a hang's cause counts its idle seconds up.
+        what = str(pa.params.get("fault_code", ""))
+        key = (pa.kind.value, target)
+        self._would_now[key] = what
+        if self._would.get(key) == what:
+            return
+        action = "deep_check" if pa.kind is Kind.CHECK else pa.kind.value
+        records.would_have(
+            self.store, action, target, pa.cause, now, node=pa.node, job_id=pa.job_id
+        )
 
     def _event(self, kind: str, message: str, pa: PlannedAction, now: float) -> None:
         self.store.add_event(kind, message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
         log.info("%s", message)
+
+
+def replaced_reason(row: ActionRow) -> str:
+    """The reason a node that came back from its replacement waits under for its deep
+    check (``hyperpod:check``: the gate resumes it once it passed)."""
+    ours = parse_reason(row.reason)
+    what = f"{ours.component} {ours.code}" if ours is not None else "a fault"
+    return format_reason(Verb.CHECK, "replace", "back", f"replaced for {what}")
 
 
 def _expected(row: ActionRow) -> tuple[str, ...] | None:

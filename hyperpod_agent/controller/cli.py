@@ -116,12 +116,12 @@ def serve(controller: Controller) -> None:
     loop.start()
     sd_notify("READY=1")
     log.info(
-        "controller %s listening on %s:%d (auth %s, dry_run %s, %s)",
+        "controller %s listening on %s:%d (auth %s, mode %s, %s)",
         config.controller_id(),
         config.listen_host,
         config.listen_port,
         config.auth.mode,
-        config.policy.dry_run,
+        "observe" if config.policy.observe else "act",
         "high availability" if controller.leadership is not None else "single",
     )
     try:

@@ -6,6 +6,7 @@ the file, the key and what was expected.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -16,6 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hyperpod_agent.auth.config import AuthConfig
+from hyperpod_agent.config_files import without_newer_keys
 from hyperpod_agent.controller.store.url import (
     PostgresLocation,
     StoreLocation,
@@ -47,7 +49,17 @@ class PolicyConfig(BaseModel):
 
     model_config = _FROZEN
 
-    dry_run: bool = False
+    mode: Literal["act", "observe"] = Field(
+        default="act",
+        description='"observe": every automatic action is decided, logged and counted as '
+        '"would have" (event would_have, hyperpod_would_have_total) and nothing in Slurm '
+        "changes; the rollout starts there (docs/operations.md)",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description='deprecated, removed in the release after next: mode = "observe" '
+        "(true still means it)",
+    )
     fault_overrides: dict[str, FaultRule] = Field(
         default_factory=dict, description="fault code (xid79, link_down) -> action/urgency"
     )
@@ -78,6 +90,11 @@ class PolicyConfig(BaseModel):
     shared_cause_min_nodes: int = Field(
         default=3, ge=2, description="nodes showing one fault code at once make a shared cause"
     )
+
+    @property
+    def observe(self) -> bool:
+        """Decide and count, change nothing (``mode = "observe"`` or the old dry_run)."""
+        return self.mode == "observe" or self.dry_run
 
 
 class AutoResumeConfig(BaseModel):
@@ -184,7 +201,9 @@ DEFAULT_GATE_AFTER: tuple[GateVerb, ...] = ("reboot", "reset")
 class DeepCheckConfig(BaseModel):
     """``[deep_checks]``: the deep-check suite run as a Slurm job in a maintenance
     reservation, and the gates that make a node pass it before it takes work
-    (docs/deep-checks.md). Off until a suite is named."""
+    (docs/deep-checks.md). Off until a suite is named; with a suite both gates are on
+    unless set false. Code reads the resolved ``reentry_gate_on`` / ``spare_gate_on``,
+    never the raw keys (None there means "left out")."""
 
     model_config = _FROZEN
 
@@ -201,12 +220,18 @@ class DeepCheckConfig(BaseModel):
     env: dict[str, str] = Field(
         default_factory=dict, description="extra environment of the check job"
     )
-    gate_reentry: bool = Field(default=False, description="a rebooted/repaired node must pass")
+    gate_reentry: bool | None = Field(
+        default=None,
+        description="a node back from a reboot, repair, replacement or admin resume, or "
+        "new, must pass (default: on with a suite)",
+    )
     gate_after: list[GateVerb] = Field(
         default_factory=lambda: list(DEFAULT_GATE_AFTER),
         description="which of our reasons count as a reboot or repair",
     )
-    gate_spares: bool = Field(default=False, description="spares are qualified before a swap")
+    gate_spares: bool | None = Field(
+        default=None, description="spares are qualified before a swap (default: on with a suite)"
+    )
     reentry_level: Literal["quick", "full"] = "quick"
     spare_level: Literal["quick", "full"] = "full"
     spare_recheck_h: float = Field(default=24.0, gt=0)
@@ -222,7 +247,10 @@ class DeepCheckConfig(BaseModel):
     @model_validator(mode="after")
     def _paths(self) -> DeepCheckConfig:
         if (self.gate_reentry or self.gate_spares) and self.suite is None:
-            raise ValueError('gate_reentry/gate_spares need suite = "/path/to/deep-checks.toml"')
+            named = [k for k in ("gate_reentry", "gate_spares") if getattr(self, k)]
+            raise ValueError(
+                f'{" and ".join(named)} = true needs suite = "/path/to/deep-checks.toml"'
+            )
         for path in (self.suite, self.results_dir):
             if path is not None and not path.is_absolute():
                 raise ValueError(f"{path}: must be an absolute path")
@@ -230,6 +258,18 @@ class DeepCheckConfig(BaseModel):
         if problem is not None:
             raise ValueError(f"results_dir: {problem}")
         return self
+
+    @property
+    def reentry_gate_on(self) -> bool:
+        """Whether a node must pass a deep check before it takes work again: on with a
+        suite unless ``gate_reentry = false``."""
+        return self.suite is not None and self.gate_reentry is not False
+
+    @property
+    def spare_gate_on(self) -> bool:
+        """Whether a spare must be qualified before a swap: on with a suite unless
+        ``gate_spares = false``."""
+        return self.suite is not None and self.gate_spares is not False
 
     def results_dir_problem(self) -> str | None:
         """Why ``results_dir`` is unsafe, or None. The check job runs as root the
@@ -362,14 +402,21 @@ def _describe(exc: ValidationError, path: Path) -> str:
     return f"{path}: {key}: {first['msg']}{more}"
 
 
-def parse_config(text: str, path: Path) -> ControllerConfig:
-    """Parse TOML text; ``path`` only names the source in errors."""
+def parse_config(text: str, path: Path, *, newer_keys: bool = False) -> ControllerConfig:
+    """Parse TOML text; ``path`` only names the source in errors. ``newer_keys``: keys
+    this release does not know are ignored with a warning (config_files.load_model)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     try:
         return ControllerConfig.model_validate(data)
+    except ValidationError as exc:
+        kept = without_newer_keys(data, exc, str(path)) if newer_keys else None
+        if kept is None:
+            raise ConfigError(_describe(exc, path)) from exc
+    try:
+        return ControllerConfig.model_validate(kept)
     except ValidationError as exc:
         raise ConfigError(_describe(exc, path)) from exc
 
@@ -386,9 +433,13 @@ def load_config(path: Path | None = None) -> ControllerConfig:
         raise ConfigError(f"{target}: no such file") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{target}: cannot read: {exc}") from exc
-    config = parse_config(text, target)
+    config = parse_config(text, target, newer_keys=True)
     if config.deep_checks.suite is not None:
         check_suite(config.deep_checks)
+    if config.policy.dry_run:
+        logging.getLogger(__name__).warning(
+            '%s: [policy] dry_run is deprecated: write mode = "observe"', target
+        )
     return config
 
 

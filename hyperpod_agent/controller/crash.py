@@ -9,9 +9,21 @@ phase not yet written). ``HYPERPOD_TEST_CRASH_AFTER_INTENT=1`` is ``intent``.
 
 ``HYPERPOD_TEST_PAUSE_AT`` names a point where the process instead stops itself
 (SIGSTOP), once, as a long GC pause or a frozen VM would: the fencing drills continue
-it (SIGCONT) after another controller took over. Besides the points above:
-``lease_checked`` (a pass just past its lease check) and ``deep_check:reserve`` (a
-check's reservation made, its phase not yet written).
+it (SIGCONT) after another controller took over, the human-drain drills after acting
+as an admin would in that window. Several points, comma-separated, stop once each.
+Besides the points above:
+
+- ``lease_checked``: a pass just past its lease check;
+- ``deep_check:reserve``: a check's reservation made, its phase not yet written;
+- ``deep_check:escalate``: a re-entry check's failure recorded and its node held,
+  the node's replacement not yet planned;
+- ``came_back:<kind>`` (``came_back:replace``): a provider's replacement seen
+  complete (the node registered again), the node not yet resumed;
+- ``step_retry:salloc``: inside the wait for the spare, in the worker thread that
+  runs ``salloc``: the helper allocation granted, its job id not yet handed back to
+  the surgery (which has written nothing about it);
+- ``step_retry:rollback``: a rollback's helper allocations cancelled and the spare
+  read, the spare not yet drained back to the pool nor its reservation deleted.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +47,19 @@ def crash_from_env(point: str) -> None:
     if wanted and (point == wanted or point.startswith(wanted + ":")):
         log.critical("%s=%s: exiting abruptly", CRASH_AT_ENV, point)
         os._exit(137)
-    pause = os.environ.get(PAUSE_AT_ENV, "")
-    if pause and (point == pause or point.startswith(pause + ":")) and pause not in _paused:
-        _paused.add(pause)
-        log.critical("%s=%s: stopping until continued (pid %d)", PAUSE_AT_ENV, point, os.getpid())
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os.kill(os.getpid(), signal.SIGSTOP)
-        log.critical("%s=%s: continued", PAUSE_AT_ENV, point)
+    for listed in os.environ.get(PAUSE_AT_ENV, "").split(","):
+        pause = listed.strip()
+        if pause and (point == pause or point.startswith(pause + ":")) and pause not in _paused:
+            _paused.add(pause)
+            _stop_here(point)
+            return
+
+
+def _stop_here(point: str) -> None:
+    log.critical("%s=%s: stopping until continued (pid %d)", PAUSE_AT_ENV, point, os.getpid())
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    # Sent to this thread, not the process: the thread at the point is the one that
+    # stops first, before it runs another line (the others stop with it).
+    signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
+    log.critical("%s=%s: continued", PAUSE_AT_ENV, point)

@@ -17,6 +17,8 @@ contract keeps it so). Right before each change the gate
 3. logs the call (logger ``hyperpod_agent.controller.gate``) and counts it
    (``hyperpod_gate_calls_total{call,outcome}``).
 
+In ``mode = "observe"`` it makes no call at all: each is logged as "would" and refused.
+
 Reads pass through unchanged. What the gate cannot close: a process frozen between its
 check and the moment its ``scontrol`` reaches slurmctld (microseconds, not a lease).
 """
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.providers.base import SlurmApi
 from hyperpod_agent.controller.store.lease import Lease, LeaseLost
 from hyperpod_agent.errors import SlurmError
@@ -94,6 +97,9 @@ class Gate:
         self.margin_s = margin_s
         # Called while a long wait runs (salloc for a spare): the systemd watchdog ping.
         self.keepalive: Callable[[], None] | None = None
+        # mode = "observe": the last line of defence. The decisions stop before they
+        # reach here (counted as would_have); whatever still does is refused.
+        self.observe = False
 
     # -- reads, unchanged -----------------------------------------------------------
     def list_nodes(self) -> list[Node]:
@@ -230,6 +236,7 @@ class Gate:
         def work() -> None:
             try:
                 box["result"] = fn()
+                crash_from_env("step_retry:salloc")
             except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
                 box["error"] = exc
 
@@ -343,7 +350,11 @@ class Gate:
 
     def _admit(self, call: str, target: str) -> float | None:
         """The time this call may take; LeaseLost when this controller must not act.
-        None without [ha] (one controller: nothing to fence)."""
+        None without [ha] (one controller: nothing to fence). Refused in observe mode."""
+        if self.observe:
+            log.info("gate: would %s %s (observe mode)", call, target)
+            metrics.GATE_CALLS.labels(call, "would_have").inc()
+            raise Refused(call, target, 'mode = "observe": the controller changes nothing')
         if self.leadership is None:
             return None
         left, why = self._lease_left()

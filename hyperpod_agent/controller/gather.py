@@ -70,7 +70,7 @@ def gather(
         # only the gates read them: no query over every result when both are off
         check_outcomes=(
             store.latest_outcomes()
-            if config.deep_checks.gate_reentry or config.deep_checks.gate_spares
+            if config.deep_checks.reentry_gate_on or config.deep_checks.spare_gate_on
             else {}
         ),
         checking=frozenset(n for r in store.open_check_runs() for n in r.nodes),

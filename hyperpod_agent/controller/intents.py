@@ -54,7 +54,11 @@ def already_applied(row: ActionRow, nodes: Mapping[str, Node], jobs: Mapping[int
     if row.kind in (Kind.DRAIN.value, Kind.HOLD.value):
         return node is not None and node.drained and node.reason.strip() == row.reason.strip()
     if row.kind == Kind.RESUME.value:
-        return node is not None and not node.drained
+        # an admin's resume through the deep-check gate is applied once the node waits
+        # under the reason it wrote (``hyperpod:check``)
+        if node is None:
+            return False
+        return not node.drained or (bool(row.reason.strip()) and _same(node, row))
     if row.kind == Kind.REBOOT.value:
         if node is None:
             return False
@@ -67,6 +71,10 @@ def already_applied(row: ActionRow, nodes: Mapping[str, Node], jobs: Mapping[int
         job = jobs.get(row.job_id or -1)
         return job is None or job.state.upper() != "RUNNING"
     return False  # replace: the provider's replace() is idempotent for the same params
+
+
+def _same(node: Node, row: ActionRow) -> bool:
+    return node.reason.strip() == row.reason.strip()
 
 
 def target(pa: PlannedAction) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from hyperpod_agent import wire
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 NODES = Gauge(
@@ -41,10 +43,23 @@ PASSES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+UNKNOWN_FIELDS = Counter(
+    "hyperpod_api_unknown_fields_total",
+    "Fields of a request this release does not know (a newer agent or CLI), ignored",
+    ["model"],
+    registry=REGISTRY,
+)
+wire.on_unknown_field(lambda model, _field: UNKNOWN_FIELDS.labels(model).inc())
+WOULD_HAVE = Counter(
+    "hyperpod_would_have_total",
+    'Automatic actions decided but not taken in mode = "observe", by action',
+    ["action"],
+    registry=REGISTRY,
+)
 GATE_CALLS = Counter(
     "hyperpod_gate_calls_total",
     "Slurm-changing calls through the gate, by call and outcome "
-    "(done, failed, refused, lease_lost)",
+    "(done, failed, refused, lease_lost, would_have)",
     ["call", "outcome"],
     registry=REGISTRY,
 )

@@ -50,7 +50,16 @@ log = logging.getLogger(__name__)
 
 IDLE_STATES = ("IDLE", "DOWN", "FAIL")
 REMEDIATIONS = ("reboot", "replace")
-VERB_RANK = {Verb.DRAIN: 1, Verb.RESET: 2, Verb.REBOOT: 3, Verb.REPLACE: 4, Verb.HOLD: 5}
+# CHECK ranks with DRAIN: a drain-only fault on a node waiting for its deep check leaves
+# it waiting, under the reason that still asks for the check.
+VERB_RANK = {
+    Verb.CHECK: 1,
+    Verb.DRAIN: 1,
+    Verb.RESET: 2,
+    Verb.REBOOT: 3,
+    Verb.REPLACE: 4,
+    Verb.HOLD: 5,
+}
 # the disk probe's space codes: what users cause by writing, never a lemon's sign
 USER_FILLABLE = frozenset({"fs_full", "fs_inodes_full", "fs_space_low", "fs_inodes_low"})
 # a probe's finding about its own configuration (config_node_name, config_write_denied):
@@ -375,6 +384,7 @@ def decide(
     hang judgement remembers between passes (evidence, a first judgement to confirm)."""
     ctx = _Ctx(snap, config, now)
     planned, events = _plan_nodes(ctx)
+    planned = deepcheck_plan.limit_reentry(planned, config.deep_checks, snap.checking)
     ready = {
         n.name
         for n in snap.nodes.values()

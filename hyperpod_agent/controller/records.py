@@ -53,15 +53,28 @@ def finding(store: Store, pa: PlannedAction, now: float) -> None:
         log.warning("%s", pa.cause)
 
 
-def check_run(store: Store, pa: PlannedAction, dry_run: bool, now: float) -> None:
+def would_have(
+    store: Store,
+    action: str,
+    target: str,
+    cause: str,
+    now: float,
+    *,
+    node: str | None = None,
+    job_id: int | None = None,
+) -> None:
+    """An automatic action decided in mode = "observe": the event and the count, and
+    nothing else (docs/operations.md, "Observe, then act")."""
+    message = f"observe: would {action} {target}: {cause}"
+    store.add_event("would_have", message, now, node=node, job_id=job_id, cause=cause)
+    metrics.WOULD_HAVE.labels(action).inc()
+    log.info("%s", message)
+
+
+def check_run(store: Store, pa: PlannedAction, now: float) -> None:
     """Record a deep-check run; the check runner takes it through Slurm."""
     p = pa.params
     nodes = [str(n) for n in p["nodes"]]
-    if dry_run:
-        message = f"dry-run: would deep-check {', '.join(nodes)}"
-        store.add_event("dry_run", message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
-        log.info("%s", message)
-        return
     message = f"deep check ({p['purpose']}, {p['level']}) of {', '.join(nodes)}: {pa.cause}"
     run_id = store.add_check_run(
         nodes,

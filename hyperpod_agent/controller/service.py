@@ -83,6 +83,9 @@ class Controller(Ingest):
                 margin_s=config.ha.clock_margin_s,
             )
         )
+        self.gate.observe = config.policy.observe
+        # node -> the release its agent's requests name (User-Agent), for `hyperpod version`
+        self.agent_versions: dict[str, str] = {}
         self.executor = Executor(store, self.gate, provider, config)
         # One bad item (job, intent, check run, surgery) never stops a pass.
         self.isolation = Isolation(store.add_event, clock)
@@ -148,6 +151,11 @@ class Controller(Ingest):
         for key in ("listen_host", "listen_port", "state_db", "auth", "max_body_bytes", "ha"):
             if getattr(new, key) != getattr(self.config, key):
                 log.warning("config: %s changed; takes effect after a restart", key)
+        if new.policy.observe != self.config.policy.observe:
+            mode = "observe" if new.policy.observe else "act"
+            self.store.add_event("mode", f"config: mode is now {mode!r}", self.clock())
+            log.warning("config: mode is now %r", mode)
+        self.gate.observe = new.policy.observe
         self.config = new
         self.executor.config = new
         self.checks.deep = new.deep_checks

@@ -5,21 +5,26 @@ other settings. Used by the integration tests' fixtures and the benchmarks."""
 from __future__ import annotations
 
 import subprocess
+from functools import partial
 from typing import Any
 
+from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.localcluster.drill import healthy_gpus, wait_for
 from hyperpod_agent.localcluster.render import SPARE_REASON
 from hyperpod_agent.localcluster.services import to_toml
 from hyperpod_agent.slurm.client import SlurmClient
+from hyperpod_agent.slurm.models import Job
 
 
 def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:
     """Back to the start of a drill: no jobs, healthy hardware and agents, nodes
-    1..N in service and the spares drained as ``hyperpod:spare``."""
+    1..N in service and the spares drained as ``hyperpod:spare``. The controller's
+    deep-check jobs are left to their runs: cancelled, they would hold their nodes."""
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
     for job in slurm.list_jobs(all_states=False):
-        slurm.cancel(job.job_id)
+        if not check_job(job):
+            slurm.cancel(job.job_id)
     retire_finished_jobs(cluster)
     services = cluster.services
     for node in cluster.shape.all_names:
@@ -40,13 +45,60 @@ def reset_cluster(cluster: LocalCluster, timeout: float = 90.0) -> None:
         lambda: not any(any(f.startswith("REBOOT") for f in n.flags) for n in slurm.list_nodes()),
         interval=0.3,
     )
+    checking = under_check(slurm)
     for n in slurm.list_nodes():
         if n.name in cluster.spares:
-            if n.reason != SPARE_REASON:
+            # a spare the controller is qualifying is back in the pool when its run ends
+            if n.reason != SPARE_REASON and n.name not in checking:
                 slurm.drain(n.name, SPARE_REASON)
         elif n.drained and (n.reason.startswith("hyperpod:") or n.state == "DOWN"):
             slurm.resume(n.name)
     cluster.wait_idle(cluster.nodes, timeout=timeout)
+
+
+CHECK_RESERVATION = "hyperpod-check-"
+
+
+def check_job(job: Job) -> bool:
+    """A deep-check run's job (named after its reservation)."""
+    return job.name.startswith(CHECK_RESERVATION)
+
+
+def under_check(slurm: SlurmClient) -> set[str]:
+    """Nodes in a deep-check run's reservation: resumed inside it for the run, they are
+    the controller's until the run puts them back."""
+    ours = [r for r in slurm.reservations() if r.name.startswith(CHECK_RESERVATION)]
+    return {n for r in ours for n in r.nodes}
+
+
+def forget_check_runs(cluster: LocalCluster, timeout: float = 30.0) -> list[str]:
+    """Undo the deep-check runs a stopped controller left under way, before a controller
+    starts on empty state: it would find their reservations without a run and hold the
+    nodes in them (its orphan sweep: their state before the run is unknown). With a
+    suite the gates are on, so a controller qualifies the spares as soon as it starts.
+    Cancels the runs' jobs, deletes the reservations and drains a spare a run had
+    resumed back into the pool; returns the reservations deleted."""
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    ours = [r for r in slurm.reservations() if r.name.startswith(CHECK_RESERVATION)]
+    names = {r.name for r in ours}
+    for job in slurm.list_jobs(all_states=False):
+        if job.name in names:
+            slurm.cancel(job.job_id)
+
+    def deleted(name: str) -> bool:
+        try:
+            slurm.delete_reservation(name)
+        except SlurmError:  # a cancelled job still leaving it
+            return False
+        return True
+
+    for name in sorted(names):
+        wait_for(f"reservation {name} deleted", timeout, partial(deleted, name), interval=0.5)
+    checked = {n for r in ours for n in r.nodes}
+    for n in slurm.list_nodes():
+        if n.name in checked and n.name in cluster.spares and not n.drained:
+            slurm.drain(n.name, SPARE_REASON)
+    return sorted(names)
 
 
 def fresh_controller(
@@ -60,6 +112,7 @@ def fresh_controller(
     for node in cluster.shape.all_names:
         services.stop(f"agent-{node}")
     services.stop("controller")
+    forget_check_runs(cluster)
     config = services.controller_config()
     config["policy"].update(policy or {})
     config["deep_checks"].update(deep_checks or {})

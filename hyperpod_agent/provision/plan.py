@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Literal
 
 import hyperpod_agent
 from hyperpod_agent.provision import render
 from hyperpod_agent.provision.commands import Build, InstallPackage, Mount, SystemdEnable
+from hyperpod_agent.provision.join import MARKER, JoinDrained
 from hyperpod_agent.provision.layout import Layout
 from hyperpod_agent.provision.models import ProvisionError, ProvisioningParameters, WorkerGroup
 from hyperpod_agent.provision.steps import (
@@ -27,6 +29,7 @@ from hyperpod_agent.provision.steps import (
     Symlink,
 )
 from hyperpod_agent.provision.verify import Check, ControllerAnswers, HealthCacheOk, OneAgentCycle
+from hyperpod_agent.slurm.client import SlurmClient
 
 RoleKind = Literal["controller", "login", "worker"]
 AGENT_UNIT = "hyperpod-agent.service"
@@ -106,6 +109,14 @@ def build_plan(params: ProvisioningParameters, node: str, options: Options) -> P
         Directory(lay.statedir),
         Directory(lay.slurm_conf_dir),
     ]
+    observing = render.observe_mode(params) and not role.spare
+    if role.kind == "worker" and lay.prefix is None and not observing:
+        # A new worker is checked before its first job; inside a prefix nothing is
+        # asked of Slurm (like systemctl and mounts). In observe mode a worker is not
+        # drained (the controller would never resume it); a spare still joins the pool
+        # the parameters name.
+        marker = lay.state_dir / MARKER
+        steps.append(JoinDrained(node, role.spare, marker, partial(_slurm_client, params, lay)))
     install: list[str] = []
     if not options.skip_install:
         spec = options.package or str(options.source)
@@ -175,6 +186,14 @@ def build_plan(params: ProvisioningParameters, node: str, options: Options) -> P
     if role.kind in ("controller", "login"):
         checks.append(ControllerAnswers(params.urls(), options.verify_timeout_s))
     return Plan(node, role, lay, steps, checks)
+
+
+def _slurm_client(params: ProvisioningParameters, lay: Layout) -> SlurmClient:
+    """Slurm as the node's agent sees it: the agent's ``slurm_conf`` if one is set, else
+    the local slurm.conf, else (configless, slurmd not started yet) Slurm's own lookup."""
+    named = params.agent_overrides.get("slurm_conf")
+    conf = Path(str(named)) if named else lay.slurm_conf_dir / "slurm.conf"
+    return SlurmClient(conf if conf.exists() else None)
 
 
 def _mount_steps(params: ProvisioningParameters, lay: Layout) -> list[Step]:

@@ -124,12 +124,23 @@ def agent_config_data(
         "auto_resume_markers": str(layout.statedir),
         "controller": controller_section(params),
     }
+    if observe_mode(params):
+        # The agent's one action of its own, self-drain, observes with the controller.
+        data["controller"]["mode"] = "observe"
     gpus = group.expected_gpu_count() if group is not None else None
     if gpus == 0:
         data["probes"] = {"gpu": {"enabled": False}}
     elif gpus is not None:
         data["probes"] = {"gpu": {"expected_count": gpus}}
     return deep_merge(data, params.agent_overrides)
+
+
+def observe_mode(params: ProvisioningParameters) -> bool:
+    """The controllers run ``[policy] mode = "observe"`` (or the old ``dry_run``)."""
+    policy = params.controller_overrides.get("policy")
+    if not isinstance(policy, dict):
+        return False
+    return policy.get("mode") == "observe" or policy.get("dry_run") is True
 
 
 def controller_section(params: ProvisioningParameters) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hyperpod_agent import __version__, wire
 from hyperpod_agent.auth.config import AuthError, Identity, require_node
 from hyperpod_agent.auth.server import ServerAuth
 from hyperpod_agent.controller import metrics
@@ -127,6 +128,7 @@ def create_app(
     def post_report(report: NodeReport, request: Request) -> Accepted:
         """Full node state from an agent (on change)."""
         _own(request, report.node)
+        _agent_release(report.node, request)
         return Accepted(open_faults=controller.ingest_report(report))
 
     @app.post(
@@ -138,6 +140,7 @@ def create_app(
     async def post_heartbeat(beat: HeartbeatIn, request: Request) -> Accepted:
         """A small liveness message between reports."""
         _own(request, beat.node)
+        _agent_release(beat.node, request)
         controller.ingest_heartbeat(
             Heartbeat(beat.node, beat.agent_id, beat.seq, beat.sent_at.timestamp())
         )
@@ -171,7 +174,10 @@ def create_app(
             by_verdict=dict(verdicts),
             incident_mode=bool(controller.incident_reason),
             incident_reason=controller.incident_reason,
-            dry_run=controller.config.policy.dry_run,
+            dry_run=controller.config.policy.observe,
+            mode="observe" if controller.config.policy.observe else "act",
+            version=__version__,
+            api_version=wire.API_VERSION,
             open_faults=len(controller.store.open_faults()),
             pending_actions=len(controller.store.open_actions()),
             last_pass_at=views.ts(controller.last_pass_at),
@@ -181,6 +187,12 @@ def create_app(
             role=controller.role(),  # type: ignore[arg-type]
             degraded=controller.isolation.quarantined(),
         )
+
+    def _agent_release(node: str, request: Request) -> None:
+        # The node's own agent (checked above): one entry per node at most.
+        release = wire.version_of(request.headers.get("user-agent"))
+        if release is not None:
+            controller.agent_versions[node] = release
 
     def _node_out(
         name: str,
@@ -203,6 +215,7 @@ def create_app(
                 controller.last_heartbeat(name) or (row.heartbeat_at if row else None)
             ),
             open_faults=open_count,
+            agent_version=controller.agent_versions.get(name),
             **extra,
         )
 
@@ -246,10 +259,15 @@ def create_app(
         node: str | None = Query(default=None, max_length=64),
         job: int | None = Query(default=None, ge=1, le=2**63 - 1),
         limit: int = Query(default=100, ge=1, le=1000),
+        kind: str | None = Query(
+            default=None, max_length=64, pattern=r"^[a-z_]+$", description="e.g. would_have"
+        ),
     ) -> list[EventOut]:
         identity_of(request)
         since_id, since_at = views.parse_since(since)
-        found = controller.store.events(since_id, node, limit, job_id=job, since_at=since_at)
+        found = controller.store.events(
+            since_id, node, limit, job_id=job, since_at=since_at, kind=kind
+        )
         return [views.event_view(e) for e in found]
 
     @app.post(
@@ -287,6 +305,29 @@ def _state(node: Any) -> str:
     return str(node.state) + ("+DRAIN" if "DRAIN" in node.flags else "")
 
 
+def _resume_gate(
+    controller: Controller, name: str, body: AdminActionIn, message: str, params: dict[str, Any]
+) -> tuple[str, str]:
+    """(reason, how) of an admin's resume. With the re-entry gate on, a drained node is
+    not resumed but handed to the gate under ``hyperpod:check admin resume``, unless the
+    admin said ``--no-check``; ``params`` records which (``deep_check``) and the reason
+    the node had, so the intent applies only while it still has it."""
+    node = controller.nodes[name]
+    seen = node.reason.strip() if node.drained else ""
+    params["seen_reason"] = seen
+    if not controller.config.deep_checks.reentry_gate_on:
+        params["deep_check"] = False
+        return "", " (no deep check: the re-entry gate is off)"
+    if body.check is False:
+        params["deep_check"] = False
+        return "", " (no deep check: --no-check)"
+    params["deep_check"] = True
+    if not seen:
+        return "", " (in service already: nothing to check)"
+    reason = format_reason(Verb.CHECK, "admin", "resume", message)
+    return reason, " (after a deep check)"
+
+
 def _submit(
     controller: Controller,
     name: str,
@@ -306,6 +347,9 @@ def _submit(
     kind, verb = kinds[body.action]
     reason = format_reason(verb, "admin", "request", message) if verb else ""
     params: dict[str, Any] = {"admin": who}
+    how = ""
+    if kind is Kind.RESUME:
+        reason, how = _resume_gate(controller, name, body, message, params)
     if kind is Kind.REPLACE:
         try:
             params.update(controller.replacement_params(name))
@@ -329,7 +373,7 @@ def _submit(
         raise controller.leadership.not_leader() from None
     controller.store.add_event(
         "admin_request",
-        f"{body.action} {name} requested by {who}: {message}",
+        f"{body.action} {name} requested by {who}{how}: {message}",
         now,
         node=name,
         cause="admin request",
@@ -340,5 +384,5 @@ def _submit(
         kind=kind.value,
         node=name,
         reason=reason,
-        dry_run=controller.config.policy.dry_run,
+        dry_run=controller.config.policy.observe,
     )

@@ -6,7 +6,9 @@ import re
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from hyperpod_agent.wire import Tolerant
 
 NODE_PATTERN = r"^[A-Za-z0-9._-]+$"
 NODE_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -41,10 +43,8 @@ ERROR_CODES: dict[str, int] = {
 }
 
 
-class HeartbeatIn(BaseModel):
+class HeartbeatIn(Tolerant):
     """Small "still alive" message an agent sends between reports."""
-
-    model_config = ConfigDict(extra="forbid")
 
     node: str = Field(min_length=1, max_length=64, pattern=NODE_PATTERN)
     agent_id: str = Field(min_length=1, max_length=64)
@@ -52,19 +52,24 @@ class HeartbeatIn(BaseModel):
     sent_at: datetime
 
 
-class AdminActionIn(BaseModel):
+class AdminActionIn(Tolerant):
     """``POST /v1/nodes/{name}/actions``: a human asks for an action."""
-
-    model_config = ConfigDict(extra="forbid")
 
     action: Literal["drain", "resume", "reboot", "replace"]
     reason: str = Field(default="", max_length=160)
+    # resume only: false skips the deep check the re-entry gate would ask for first
+    # (``hyperpod node resume --no-check``); absent, as an older client sends it: checked
+    check: bool | None = None
+
+    @model_validator(mode="after")
+    def _check_is_for_resume(self) -> AdminActionIn:
+        if self.check is not None and self.action != "resume":
+            raise ValueError(f"check applies to resume only, not to {self.action}")
+        return self
 
 
-class JobEndedIn(BaseModel):
+class JobEndedIn(Tolerant):
     """``POST /v1/jobs/{id}/ended``: EpilogSlurmctld says a job ended (all optional)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     exit_code: int | None = Field(default=None, ge=0, le=255)
     state: str | None = Field(default=None, max_length=32, pattern=r"^[A-Za-z_]*$")
@@ -104,7 +109,10 @@ class Status(BaseModel):
     by_verdict: dict[str, int]
     incident_mode: bool
     incident_reason: str
-    dry_run: bool
+    dry_run: bool  # mode == "observe", for the CLIs that read this name
+    mode: Literal["act", "observe"]
+    version: str  # this controller's release
+    api_version: int
     open_faults: int
     pending_actions: int
     last_pass_at: datetime | None
@@ -127,6 +135,7 @@ class NodeOut(BaseModel):
     last_report_at: datetime | None = None
     last_heartbeat_at: datetime | None = None
     open_faults: int = 0
+    agent_version: str | None = None  # the release its agent's requests name
 
 
 class FaultOut(BaseModel):
@@ -209,10 +218,8 @@ class JobDetail(JobOut):
     step_retry_history: list[StepRetryOut] = Field(default_factory=list)  # newest first
 
 
-class CheckIn(BaseModel):
+class CheckIn(Tolerant):
     """``POST /v1/checks``: an admin asks for a deep check of some nodes."""
-
-    model_config = ConfigDict(extra="forbid")
 
     nodes: list[str] = Field(min_length=1, max_length=256)
     level: Literal["quick", "full"] = "quick"
@@ -263,10 +270,8 @@ class CheckRunOut(BaseModel):
 HOSTLIST_TEXT = r"^[A-Za-z0-9._,\[\]-]*$"
 
 
-class StepFailureIn(BaseModel):
+class StepFailureIn(Tolerant):
     """``POST /v1/steps/retry``: srun reports a failed ``--auto-resume`` step."""
-
-    model_config = ConfigDict(extra="forbid")
 
     job_id: int = Field(ge=1, le=2**63 - 1)
     step_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._-]+$")
@@ -287,11 +292,9 @@ class StepFailureIn(BaseModel):
     )
 
 
-class StepWatchIn(BaseModel):
+class StepWatchIn(Tolerant):
     """``POST /v1/steps/watch``: a step-retry helper's step is running (renewed every
     ``renew_every_s``)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     job_id: int = Field(ge=1, le=2**63 - 1)
     step_id: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9._-]+$")

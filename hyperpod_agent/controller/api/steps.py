@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi import Path as FastApiPath
 
 from hyperpod_agent.auth.config import AuthError, Identity, describe
-from hyperpod_agent.controller import metrics
+from hyperpod_agent.controller import metrics, records
 from hyperpod_agent.controller.api.guard import raw_json
 from hyperpod_agent.controller.api.models import (
     StepFailureIn,
@@ -207,13 +207,20 @@ class Steps:
             row.job_id, row.step_id, now, WATCH_TTL_S, None if first is None else min(first, now)
         )
         cause = "; ".join(why for why, _ in found)
-        if told:
+        observe = c.config.policy.observe
+        if told and observe:
+            # Ending the step would change the job: told, and the step runs on.
+            bad = next((f.node for _, f in found if f is not None), None)
+            target = f"job {row.job_id} step {row.step_id}"
+            records.would_have(store, "step_end", target, cause, now, node=bad, job_id=row.job_id)
+        elif told:
             message = (
                 f"step {row.step_id} of job {row.job_id} (attempt {row.attempt}) told to end "
                 f"now, watched by {who}: {cause}"
             )
             store.add_event("step_end", message, now, job_id=row.job_id, cause=cause)
-        return StepWatchOut(end=bool(found), cause=cause, renew_every_s=WATCH_RENEW_S)
+        end = bool(found) and not observe
+        return StepWatchOut(end=end, cause=cause, renew_every_s=WATCH_RENEW_S)
 
     # -- GET /v1/steps/retry/{id} -----------------------------------------------------
     def poll(self, who: Identity, retry_id: int) -> StepRetryOut:
@@ -260,6 +267,8 @@ def _decide(
             store.step_retries_since(now - 60.0),
         )
         metrics.STEP_RETRIES.labels(plan.outcome.value).inc()
+        if plan.outcome is Outcome.RETRYSTEP and controller.config.policy.observe:
+            return _would_have(controller, job, failure, plan, who, now)
         if plan.outcome is Outcome.RETRYSTEP:
             budget = budget_of(job, snap, controller.config.auto_resume.default_attempts)
             return _start(controller, job, failure, plan, budget, who, now)
@@ -278,6 +287,36 @@ def _decide(
         step_id=failure.step_id,
         decision=plan.outcome.value,  # type: ignore[arg-type]
         cause=plan.cause,
+        phase=None,
+        done=True,
+        attempt=failure.attempt + 1,
+        created_at=at(now),
+        updated_at=at(now),
+    )
+
+
+def _would_have(
+    controller: Controller,
+    job: Job,
+    failure: StepFailure,
+    plan: StepPlan,
+    who: str,
+    now: float,
+) -> StepRetryOut:
+    """Observe mode: the in-place retry decided and counted, not made. The step is
+    answered FAIL, so the job goes on as it would without this controller (its requeue,
+    if auto-resume asks for one, is the pass's would-have)."""
+    target = f"job {job.job_id} step {failure.step_id} on {plan.spare} for {plan.bad_node}"
+    cause = f"reported by {who}: {plan.cause}"
+    records.would_have(
+        controller.store, "step_retry", target, cause, now, node=plan.bad_node, job_id=job.job_id
+    )
+    return StepRetryOut(
+        id=None,
+        job_id=job.job_id,
+        step_id=failure.step_id,
+        decision=Outcome.FAIL.value,
+        cause=f'mode = "observe": would {plan.outcome.value}: {plan.cause}',
         phase=None,
         done=True,
         attempt=failure.attempt + 1,

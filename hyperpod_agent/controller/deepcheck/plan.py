@@ -1,9 +1,11 @@
 """The deep-check gates (docs/deep-checks.md). Pure: everything from the snapshot.
 
-- Re-entry: a node we took out for a reboot or a repair (``gate_after``) goes back into
-  service only after a run of the gating checks passed since its reason was set and
-  since it booted; until then the policy plans a check instead of a resume.
-- Spares: with ``gate_spares`` a spare is ready only while a passing run is younger
+- Re-entry: a node we took out for a reboot or a repair (``gate_after``), and a node
+  out under ``hyperpod:check`` (new from provisioning, back from a replacement, resumed
+  by an admin) goes back into service only after a run of the gating checks passed
+  since its reason was set and since it booted; until then the policy plans a check
+  instead of a resume. Nothing else is gated: a node we have not seen before is not.
+- Spares: with the spare gate a spare is ready only while a passing run is younger
   than ``spare_recheck_h`` and newer than its entry into the pool (its reason time) and
   its last boot. Spares without one are checked ahead of need, several in one run.
 
@@ -15,13 +17,13 @@ says nothing about the hardware: the node keeps its place and is planned again a
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from hyperpod_agent.controller.config import DeepCheckConfig
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
 from hyperpod_agent.controller.store.checks import NodeOutcome
-from hyperpod_agent.reasons import SPARE, OwnedReason
+from hyperpod_agent.reasons import SPARE, OwnedReason, Verb
 from hyperpod_agent.slurm.models import Node
 
 # a reason time is kept to the second; a run that ended in that second still counts
@@ -70,13 +72,19 @@ def gate(
 
 
 def reentry_gated(ours: OwnedReason, deep: DeepCheckConfig) -> bool:
-    """Is a node out for this reason of ours gated on a deep check before it resumes?"""
-    return deep.gate_reentry and ours.verb.value in deep.gate_after
+    """Is a node out for this reason of ours gated on a deep check before it resumes?
+    ``hyperpod:check`` always is while the re-entry gate is on: it says so."""
+    if not deep.reentry_gate_on:
+        return False
+    return ours.verb is Verb.CHECK or ours.verb.value in deep.gate_after
 
 
 def reentry_check(node: Node, ours: OwnedReason, deep: DeepCheckConfig) -> PlannedAction:
     """The run that stands between ``node`` and its resume."""
-    cause = f"deep check before resuming after {ours.verb.value} {ours.component} {ours.code}"
+    if ours.verb is Verb.CHECK:
+        cause = f"deep check before it takes work ({ours.component} {ours.code})"
+    else:
+        cause = f"deep check before resuming after {ours.verb.value} {ours.component} {ours.code}"
     return PlannedAction(
         Kind.CHECK,
         node.name,
@@ -91,6 +99,23 @@ def reentry_check(node: Node, ours: OwnedReason, deep: DeepCheckConfig) -> Plann
     )
 
 
+def limit_reentry(
+    planned: Sequence[PlannedAction], deep: DeepCheckConfig, checking: Collection[str]
+) -> list[PlannedAction]:
+    """Drop the re-entry runs beyond ``max_nodes_per_run`` nodes under check at once
+    (those checking now included): a wave of new or replaced nodes is checked a batch
+    at a time; the rest stay drained and are planned again on a later pass."""
+    room = deep.max_nodes_per_run - len(checking)
+    kept: list[PlannedAction] = []
+    for action in planned:
+        if action.kind is Kind.CHECK and action.params.get("purpose") == "reentry":
+            if room <= 0:
+                continue
+            room -= len(action.params["nodes"])
+        kept.append(action)
+    return kept
+
+
 def spare_gate(
     node: Node,
     outcomes: Mapping[str, NodeOutcome],
@@ -98,7 +123,7 @@ def spare_gate(
     now: float,
     checking: Collection[str],
 ) -> Gate:
-    if not deep.gate_spares:
+    if not deep.spare_gate_on:
         return Gate(True)
     latest = outcomes.get(node.name)
     return gate(node, latest, deep, now, checking, max_age_s=deep.spare_recheck_h * 3600.0)
@@ -113,7 +138,7 @@ def plan_spare_checks(
 ) -> list[PlannedAction]:
     """Runs for the spares in ``ready`` (responding, vouched for by their agent) that are
     not qualified: one run per partition, ``max_nodes_per_run`` nodes at most."""
-    if not deep.gate_spares:
+    if not deep.spare_gate_on:
         return []
     by_part: dict[str, list[Node]] = defaultdict(list)
     for name in sorted(ready):

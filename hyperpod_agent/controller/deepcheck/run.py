@@ -310,6 +310,7 @@ class CheckRunner:
         if run.purpose == "reentry" and self.escalate is not None:
             for o in outcomes.values():
                 if o.ran and o.outcome == "FAIL":
+                    crash_from_env("deep_check:escalate")
                     self.escalate(o.node, o.check or "-", f"deep check {o.check} FAIL: {o.cause}")
         return changed + 1
 

@@ -192,6 +192,13 @@ def decide_step(
         cap = ar.max_requeues_per_minute
         return StepPlan(Outcome.REQUEUE, f"{what}; cluster-wide cap ({cap}/min) reached")
     ((bad, (_, fault)),) = found.items()
+    if bad == job.batch_host:
+        # Slurm refuses to shrink a running job off its batch host (the node running the
+        # batch script): the surgery would drain the node, fail the shrink and roll back.
+        return StepPlan(
+            Outcome.REQUEUE,
+            f"{what}; {bad} is the job's batch host, which Slurm cannot remove from a running job",
+        )
     spare = _spare(bad, job, snap, config, now)
     if spare.startswith("!"):
         return StepPlan(Outcome.REQUEUE, f"{what}; {spare[1:]}")

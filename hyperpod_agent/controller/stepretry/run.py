@@ -342,6 +342,7 @@ class StepRetryRunner:
         spare = {n.name: n for n in self.slurm.list_nodes()}.get(run.spare)
         in_job = running and job is not None and run.spare in job.nodes
         held = any(r.name == run.helper_name for r in self.slurm.reservations())
+        self._crash_hook("rollback")
         if spare is not None and not spare.drained and not in_job and held:
             # Back to the pool while its reservation still keeps user jobs off it; a
             # spare never reserved for us was not ours to take (the expand phase

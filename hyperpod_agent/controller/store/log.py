@@ -253,6 +253,7 @@ class ActionLog(LeaseLog):
         limit: int = 100,
         job_id: int | None = None,
         since_at: float | None = None,
+        kind: str | None = None,
     ) -> list[EventRow]:
         sql = f"SELECT {EventRow.COLUMNS} FROM events WHERE id>?"
         args: list[Any] = [since_id]
@@ -266,6 +267,9 @@ class ActionLog(LeaseLog):
         if job_id is not None:
             sql += " AND job_id=?"
             args.append(job_id)
+        if kind is not None:
+            sql += " AND kind=?"
+            args.append(kind)
         # With ``since`` page forward (oldest first); without, the newest ``limit``.
         sql += " ORDER BY id ASC LIMIT ?" if since_id > 0 else " ORDER BY id DESC LIMIT ?"
         args.append(limit)

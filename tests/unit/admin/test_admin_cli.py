@@ -220,6 +220,30 @@ def test_node_actions_post_the_request(stub: Stub, action: str) -> None:
     assert stub.seen[0].body == {"action": action, "reason": "bad fan"}
 
 
+def test_resume_no_check_asks_for_a_resume_without_the_deep_check(stub: Stub) -> None:
+    answer = {"action_id": 6, "kind": "resume", "node": "node2", "reason": "", "dry_run": False}
+    stub.answer("POST", "/v1/nodes/node2/actions", 202, answer)
+    result = run(stub, node, "resume", "node2", "--no-check", "--reason", "fixed")
+    assert result.exit_code == 0, result.output
+    assert stub.seen[0].body == {"action": "resume", "reason": "fixed", "check": False}
+
+
+def test_a_gated_resume_shows_the_reason_it_waits_under(stub: Stub) -> None:
+    reason = "hyperpod:check admin resume fixed"
+    answer = {"action_id": 7, "kind": "resume", "node": "node2", "reason": reason, "dry_run": False}
+    stub.answer("POST", "/v1/nodes/node2/actions", 202, answer)
+    result = run(stub, node, "resume", "node2", "--reason", "fixed")
+    assert result.output == f"resume node2: accepted as action 7 ({reason})\n"
+    assert "check" not in stub.seen[0].body  # the controller decides: an older one still takes it
+
+
+@pytest.mark.parametrize("action", ["drain", "reboot", "replace"])
+def test_no_check_is_for_resume_only(stub: Stub, action: str) -> None:
+    result = run(stub, node, action, "node2", "--no-check")
+    assert result.exit_code == 2 and "No such option '--no-check'" in result.output
+    assert stub.seen == []
+
+
 def test_node_action_default_reason_names_the_user(stub: Stub) -> None:
     stub.answer("POST", "/v1/nodes/node2/actions", 202, {"action_id": 1, "dry_run": True})
     result = run(stub, node, "drain", "node2")
@@ -285,6 +309,15 @@ def test_events_query_and_table(stub: Stub) -> None:
         path.split("since=")[1].split("&")[0].replace("%3A", ":").replace("%2B", "+")
     )
     assert NOW - since == timedelta(minutes=10)  # the clock is frozen at NOW
+
+
+def test_events_of_one_kind(stub: Stub) -> None:
+    stub.answer("GET", "/v1/events", 200, [EVENT])
+    assert run(stub, events, "--kind", "would_have").exit_code == 0
+    assert "kind=would_have" in stub.seen[0].path
+    bad = run(stub, events, "--kind", "Would Have")
+    assert bad.exit_code == 2 and "is not an event kind" in bad.output
+    assert len(stub.seen) == 1  # refused before asking the controller
 
 
 def test_events_since_iso(stub: Stub) -> None:

@@ -83,6 +83,22 @@ def test_cycle_writes_cache_and_publishes(tmp_path: Path) -> None:
     assert rec.closed
 
 
+class Observing(Recorder):
+    """A reporter in observe mode: hands what it left undone to the agent's metrics."""
+
+    def count_would_have(self, hook: Any) -> None:
+        self.hook = hook
+
+
+def test_what_observe_mode_left_undone_is_in_the_agents_metrics(tmp_path: Path) -> None:
+    rep = Observing()
+    agent = Agent(make_config(tmp_path), reporter=rep)
+    rep.hook("self_drain")
+    text = generate_latest(agent.metrics.registry).decode()
+    assert 'hyperpod_agent_would_have_total{action="self_drain"} 1.0' in text
+    agent.close()
+
+
 def test_reporter_failure_does_not_stop_the_cycle(tmp_path: Path) -> None:
     agent = Agent(make_config(tmp_path), reporter=Recorder(fail=True))
     assert agent.run_once().verdict == Verdict.HEALTHY

@@ -312,6 +312,23 @@ def test_self_drain_when_unreachable_with_an_urgent_fault(reporters: list) -> No
     assert len(drains.calls) == 1
 
 
+def test_in_observe_mode_a_self_drain_is_told_and_counted_not_done(
+    reporters: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    drains = Drains()
+    cfg = config(closed_port_url(), self_drain_after_s=0.1, mode="observe")
+    rep = start(reporters, cfg, slurm=drains)
+    counted: list[str] = []
+    rep.count_would_have(counted.append)
+    rep.publish(report(Verdict.FAULTY, urgent=True))
+    wait_for(lambda: counted == ["self_drain"])
+    assert drains.calls == []
+    assert "observe: would self-drain node1 (hyperpod:reboot gpu3 xid79" in caplog.text
+    rep.publish(report(Verdict.FAULTY, urgent=True))  # the same fault: told once
+    time.sleep(0.4)
+    assert counted == ["self_drain"] and drains.calls == []
+
+
 def test_same_fault_after_recovery_drains_again_not_sooner_than_allowed(
     reporters: list,
 ) -> None:

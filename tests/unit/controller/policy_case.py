@@ -46,7 +46,7 @@ def describe(case: Case) -> str:
         f"Case(fraction={c.policy.max_unhealthy_fraction} min={c.policy.min_unhealthy_nodes} "
         f"shared={c.policy.shared_cause_window_s} lemon={c.policy.lemon_threshold} "
         f"provider={c.provider.kind} auto_resume={auto} "
-        f"suspect={c.progress.suspect_action} gates={c.deep_checks.gate_reentry}"
+        f"suspect={c.progress.suspect_action} gates={c.deep_checks.reentry_gate_on}"
     ]
     for n in s.nodes.values():
         h = s.health.get(n.name)
@@ -113,7 +113,7 @@ def config_at(index: int) -> ControllerConfig:
     auto = {"enabled": pick["auto_resume"] != "off"}
     auto |= {"retry_on": pick["auto_resume"]} if auto["enabled"] else {}
     quiet = pick["progress"] == "none"  # no suspect taken out: hold stragglers, cancel
-    gates = {"suite": "/etc/hyperpod/deep-checks.toml", "gate_reentry": True, "gate_spares": True}
+    gates = {"suite": "/etc/hyperpod/deep-checks.toml"}  # with a suite the gates are on
     return config(
         slurm_user=SLURM_USER,  # type: ignore[arg-type]
         policy={

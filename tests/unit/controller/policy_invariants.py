@@ -277,21 +277,22 @@ def spares_are_ready(case: Case, d: Decision) -> None:
         assert spare.reason.strip() == SPARE_REASON and not not_responding(spare), a
         assert vouched(case, spare) and not [f for f in s.open_faults if f.node == spare.name]
         assert set(spare.partitions) & set(failed.partitions) or not failed.partitions, a
-        assert not deep.gate_spares or checked(case, spare, deep.spare_recheck_h * 3600), a
+        assert not deep.spare_gate_on or checked(case, spare, deep.spare_recheck_h * 3600), a
 
 
 def resume_only_ours_and_healthy(case: Case, d: Decision) -> None:
-    """RESUME only a node out under our drain/reset/reboot reason (never hold or replace),
-    responding, ``vouched`` for, no open fault asking DRAIN or more; with the re-entry
-    gate on for its reason, ``checked`` since it was taken out and booted."""
+    """RESUME only a node out under our drain/reset/reboot/check reason (never hold or
+    replace), responding, ``vouched`` for, no open fault asking DRAIN or more; with the
+    re-entry gate on for its reason (``check`` always), ``checked`` since it was taken
+    out and booted."""
     s, deep = case.snap, case.config.deep_checks
     for a in (a for a in d.actions if a.kind is Kind.RESUME):
         n = s.nodes[str(a.node)]
         verb = our_verb(n)
-        assert verb in ("drain", "reset", "reboot") and not not_responding(n), a
+        assert verb in ("drain", "reset", "reboot", "check") and not not_responding(n), a
         assert vouched(case, n), a
         assert not [f for f in s.open_faults if f.node == n.name and Action(f.action).takes_out]
-        gated = deep.gate_reentry and verb in deep.gate_after
+        gated = deep.reentry_gate_on and (verb == "check" or verb in deep.gate_after)
         assert not gated or checked(case, n), a
 
 

@@ -81,6 +81,10 @@ ROLES = [
     Role("spare", "IDLE", ("DRAIN", "REBOOT_REQUESTED"), SPARE_REASON, "root", 3000),
     Role("rebooting", "MIXED", ("REBOOT_REQUESTED",)),
     Role("rebooting", "DOWN", ("DRAIN", "REBOOT_ISSUED"), "hyperpod:reboot gpu0 xid79 x", "root"),
+    # waiting for the check before first use, after a replacement, after an admin resume
+    Role("ours", "IDLE", _D, "hyperpod:check provision new deep check before first use", "root"),
+    Role("ours", "IDLE", _D, "hyperpod:check replace back replaced for gpu0 xid54", "root", 300),
+    Role("ours", "ALLOCATED", _D, "hyperpod:check admin resume after repair", "alice", 300),
 ]
 PARTITIONS = [("a",), ("b",), ("a", "b")]
 # (verdict, report age, last word age, booted how long ago): None is "never"/"unknown"

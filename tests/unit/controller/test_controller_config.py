@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from hyperpod_agent.controller.config import (
     DEFAULT_PORT,
     ControllerConfig,
+    DeepCheckConfig,
     load_config,
     parse_config,
 )
@@ -132,11 +133,53 @@ def test_checkpoint_root_must_be_absolute() -> None:
 # --- [deep_checks] ------------------------------------------------------------------------
 
 
-def test_deep_check_gates_need_a_suite(tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["gate_reentry", "gate_spares"])
+def test_a_gate_named_true_without_a_suite_is_an_error_naming_it(tmp_path: Path, key: str) -> None:
     path = tmp_path / "controller.toml"
-    path.write_text("[deep_checks]\ngate_spares = true\n")
-    with pytest.raises(ConfigError, match="need suite"):
+    path.write_text(f"[deep_checks]\n{key} = true\n")
+    with pytest.raises(ConfigError, match=f"deep_checks: .*{key} = true needs suite = "):
         load_config(path)
+
+
+def test_with_a_suite_both_gates_are_on_by_default() -> None:
+    deep = DeepCheckConfig(suite=Path("/etc/hyperpod/deep-checks.toml"))
+    assert deep.gate_reentry is None and deep.gate_spares is None  # left out
+    assert deep.reentry_gate_on and deep.spare_gate_on
+
+
+@pytest.mark.parametrize(
+    ("keys", "reentry", "spares"),
+    [
+        ({"gate_reentry": False}, False, True),
+        ({"gate_spares": False}, True, False),
+        ({"gate_reentry": False, "gate_spares": False}, False, False),
+        ({"gate_reentry": True, "gate_spares": True}, True, True),
+    ],
+)
+def test_an_admin_turns_a_gate_off_explicitly(
+    keys: dict[str, bool], reentry: bool, spares: bool
+) -> None:
+    deep = DeepCheckConfig(suite=Path("/etc/hyperpod/deep-checks.toml"), **keys)
+    assert (deep.reentry_gate_on, deep.spare_gate_on) == (reentry, spares)
+
+
+@pytest.mark.parametrize("keys", [{}, {"gate_reentry": False, "gate_spares": False}])
+def test_without_a_suite_no_gate_is_on(keys: dict[str, bool]) -> None:
+    deep = DeepCheckConfig(**keys)  # false without a suite is no error: nothing to run
+    assert not deep.reentry_gate_on and not deep.spare_gate_on
+
+
+def test_the_gate_defaults_come_from_the_file(tmp_path: Path) -> None:
+    suite = tmp_path / "deep-checks.toml"
+    suite.write_text("[[checks]]\nname = 'dcgm'\nkind = 'dcgm'\n")
+    results = tmp_path / "results"
+    path = tmp_path / "controller.toml"
+    head = f'[deep_checks]\nsuite = "{suite}"\nresults_dir = "{results}"\n'
+    path.write_text(head)
+    assert load_config(path).deep_checks.reentry_gate_on
+    path.write_text(head + "gate_reentry = false\n")
+    off = load_config(path).deep_checks
+    assert not off.reentry_gate_on and off.spare_gate_on
 
 
 def test_a_malformed_suite_stops_the_controller_naming_the_file(tmp_path: Path) -> None:

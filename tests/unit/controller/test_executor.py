@@ -67,20 +67,6 @@ def test_fault_to_drain_is_observed(store: Store) -> None:
     assert metrics.FAULT_TO_DRAIN._sum.get() - before == pytest.approx(2.0)  # type: ignore[attr-defined]
 
 
-def test_dry_run_changes_nothing(store: Store) -> None:
-    slurm = FakeSlurm(cluster(4))
-    ex = make(store, slurm, config(policy={"dry_run": True}))
-    ex.execute(
-        Decision([drain(), PlannedAction(Kind.REQUEUE, None, "", "c", job_id=7)]),
-        slurm.nodes,
-        [],
-        NOW,
-    )
-    assert slurm.calls == [] and store.open_actions() == []
-    assert [e.kind for e in store.events()] == ["dry_run", "dry_run"]
-    assert "would drain node2" in store.events()[0].message
-
-
 def test_slurm_error_is_retried_with_backoff_then_fails(store: Store) -> None:
     slurm = FakeSlurm(cluster(4))
     slurm.fail_next["drain"] = 10

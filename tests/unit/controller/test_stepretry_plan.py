@@ -122,6 +122,11 @@ CASES = [
          failure=replace(FAILURE, nodes=("node2",))),
     Case("no spare pool", Outcome.REQUEUE, "no spare pool (provider command)",
          cfg={"provider": {"kind": "command", "command": ["/bin/true"]}}),
+    Case("the fault on the batch host", Outcome.REQUEUE,
+         "node2 is the job's batch host, which Slurm cannot remove",
+         job=replace(JOB, batch_host="node2")),
+    Case("the batch host elsewhere", Outcome.RETRYSTEP, "node5 stands in",
+         job=replace(JOB, batch_host="node1")),
 ]  # fmt: skip
 
 
