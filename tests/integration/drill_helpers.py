@@ -11,27 +11,32 @@ scratch read-write, every in-service node idle with no reason, the spare drained
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hyperpod_agent.controller.config import load_config
 from hyperpod_agent.errors import LocalClusterError, SlurmError
 from hyperpod_agent.localcluster import reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services
+from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services, to_toml
 from hyperpod_agent.slurm.models import Node
 
 CMD_TIMEOUT = 20.0
+FILLER = "drill-filler"  # the file fill_scratch writes on a node's scratch mount
 SPARE_REASON = "hyperpod:spare"
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
 
@@ -163,6 +168,20 @@ class Drill:
             timeout=CMD_TIMEOUT,
         )
 
+    def fill_scratch(self, node: str) -> None:
+        """Fill ``node``'s scratch mount to the last block, as a user's job would."""
+        chunk = b"\0" * (1 << 20)
+        with open(self.services.scratch(node) / FILLER, "wb", buffering=0) as f:
+            try:
+                while f.write(chunk):
+                    pass
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+
+    def empty_scratch(self, node: str) -> None:
+        (self.services.scratch(node) / FILLER).unlink(missing_ok=True)
+
     def scratch_read_only(self, node: str) -> bool:
         target = str(self.services.scratch(node))
         with open("/proc/self/mounts") as f:
@@ -171,6 +190,14 @@ class Drill:
                 if fields[1] == target:
                     return "ro" in fields[3].split(",")
         return False
+
+    def lose_node(self, node: str) -> None:
+        """The node goes silent: its agent and its slurmd killed (SIGKILL), so neither a
+        heartbeat nor slurmd's registration reaches anyone. ``restore`` boots it again."""
+        pid = self.services.pid(f"agent-{node}")
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+        self.cluster.node_kill(node)
 
     def restart_agent(self, node: str) -> None:
         """What a GPU reset does to the node's agent: it starts afresh, so faults it
@@ -184,6 +211,8 @@ class Drill:
         timeout: float = 30.0,
         policy: dict[str, Any] | None = None,
         deep_checks: dict[str, Any] | None = None,
+        provider: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         """Restart the controller on empty state, and every agent with it.
 
@@ -191,9 +220,14 @@ class Drill:
         (RESET -> REBOOT -> REPLACE) or hold a node as a lemon. The agents restart too,
         so each sends a full report to the new controller at once. ``policy`` overrides
         the local cluster's policy settings until the next fresh controller, and
-        ``deep_checks`` its deep-check settings (the gates).
+        ``deep_checks`` its deep-check settings (the gates); ``provider`` replaces its
+        ``[provider]`` section and ``env`` adds to the controller's environment (a
+        pause point, controller/crash.py).
         """
-        reset.fresh_controller(self.cluster, policy, deep_checks)
+        if provider is None and env is None:
+            reset.fresh_controller(self.cluster, policy, deep_checks)
+        else:
+            _fresh_controller_with(self.cluster, policy, deep_checks, provider, env)
         wait_for(
             "every agent reporting to the new controller",
             lambda: (
@@ -207,6 +241,26 @@ class Drill:
             step=0.5,
             detail=self.controller_nodes,
         )
+
+    def scontrol_as_root(self, *args: str) -> None:
+        """``scontrol update ...`` as root, the way an admin types it: not through the
+        controller nor the project's Slurm client."""
+        subprocess.run(
+            ["scontrol", "update", *args],
+            env=self.env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=CMD_TIMEOUT,
+        )
+
+    def human_drain(self, node: str, reason: str) -> None:
+        """An admin drains ``node`` with their own reason (never ``hyperpod:...``)."""
+        assert not reason.startswith("hyperpod:"), reason
+        self.scontrol_as_root(f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def human_resume(self, node: str) -> None:
+        self.scontrol_as_root(f"NodeName={node}", "State=RESUME")
 
     # ------------------------------------------------------------------ restore
     def _in_service_ok(self, node: Node) -> bool:
@@ -261,9 +315,11 @@ class Drill:
             return max(1.0, deadline - time.monotonic())
 
         # Drills are about nodes: a job an earlier test left in view (an auto-resume
-        # job Slurm still shows as FAILED) would turn a reboot into a replacement.
+        # job Slurm still shows as FAILED) would turn a reboot into a replacement. The
+        # controller's deep-check jobs are its runs' (cancelled, they hold their nodes).
         for job in self.slurm.list_jobs(all_states=False):
-            self.slurm.cancel(job.job_id)
+            if not reset.check_job(job):
+                self.slurm.cancel(job.job_id)
         # ... and a FAILED auto-resume job still in view would be requeued by a fault
         # the next drill injects on its node.
         reset.retire_finished_jobs(self.cluster)
@@ -272,6 +328,7 @@ class Drill:
             self.set_link(name, True)
             if self.scratch_read_only(name):
                 self.remount_scratch(name, read_only=False)
+            self.empty_scratch(name)
         for name in self.all_nodes:
             if self.cluster.slurmd_pid(name) is None:
                 # slurmd gone (killed, or a reboot that never ran): a fresh boot
@@ -308,8 +365,11 @@ class Drill:
             detail=self.controller_nodes,
         )
         nodes = self.states()
+        checking = reset.under_check(self.slurm)
         for name in self.spares:
             node = nodes[name]
+            if name in checking:
+                continue  # being qualified: its run puts it back in the pool
             if node.reason.strip() != SPARE_REASON or "DRAIN" not in node.flags:
                 self.slurm.drain(name, SPARE_REASON)
         for name in self.nodes:
@@ -334,6 +394,77 @@ class Drill:
             step=0.5,
             detail=self.status,
         )
+        if self.spare_gate_on():
+            # The local cluster names a suite, so the spare gate is on by default: a
+            # spare back in the pool is ready for a swap only once it passed again.
+            wait_for(
+                "the spares qualified",
+                self.spares_qualified,
+                timeout=max(left(), 90.0),
+                step=1.0,
+                detail=lambda: {"runs": self.hyperpod_json("checks"), **self.describe()},
+            )
+
+    def spare_gate_on(self) -> bool:
+        """Whether the running controller's config has the spare gate on."""
+        path = self.cluster.dir / "etc" / "controller.toml"
+        return load_config(path).deep_checks.spare_gate_on
+
+    def spares_qualified(self) -> bool:
+        """Every pooled spare passed a run since it entered the pool, none under way."""
+        if any(r["phase"] != "done" for r in self.hyperpod_json("checks")):
+            return False
+        for name in self.spares:
+            node = self.node(name)
+            if node.reason.strip() != SPARE_REASON:
+                continue
+            since = node.reason_time.timestamp() - 1.0 if node.reason_time else 0.0
+            outcomes = self.hyperpod_json("node", "show", name).get("deep_checks", [])
+            if not any(
+                o["outcome"] == "OK" and o["at"] and _ts(o["at"]) >= since for o in outcomes
+            ):
+                return False
+        return True
+
+
+def _ts(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def _fresh_controller_with(
+    cluster: LocalCluster,
+    policy: dict[str, Any] | None,
+    deep_checks: dict[str, Any] | None,
+    provider: dict[str, Any] | None,
+    env: dict[str, str] | None,
+) -> None:
+    """``reset.fresh_controller`` with a ``[provider]`` section of the drill's and
+    variables added to the controller's environment."""
+    services = cluster.services
+    for node in cluster.shape.all_names:
+        services.stop(f"agent-{node}")
+    services.stop("controller")
+    reset.forget_check_runs(cluster)
+    config = services.controller_config()
+    config["policy"].update(policy or {})
+    config["deep_checks"].update(deep_checks or {})
+    if provider is not None:
+        config["provider"] = dict(provider)
+    (cluster.dir / "etc" / "controller.toml").write_text(to_toml(config))
+    for path in (cluster.dir / "state").glob("controller.db*"):
+        path.unlink()
+    services.start_controller(env=env)
+    for node in cluster.shape.all_names:
+        services.start_agent(node)
+
+
+def frozen(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): state T in /proc/<pid>/stat."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] in ("T", "t")
 
 
 # ---------------------------------------------------------------------------------------
@@ -384,6 +515,15 @@ def metric(url: str, name: str, labels: str) -> float:
         text = answer.read().decode()
     found = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.M)
     return float(found.group(1)) if found else 0.0
+
+
+def samples(url: str, name: str) -> dict[str, float]:
+    """Every sample of ``name`` on the /metrics page at ``url``, by its label text
+    (``action="reboot"``)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    found = re.findall(rf"^{re.escape(name)}\{{(.*)\}} (\S+)$", text, re.M)
+    return {labels: float(value) for labels, value in found}
 
 
 def passes(url: str) -> dict[str, float]:

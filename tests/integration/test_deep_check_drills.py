@@ -2,8 +2,10 @@
 controller owns, on the local cluster (real Slurm, fake diagnostic tools that print
 the real tools' formats, outcomes set per node by the scenario file).
 
-Every drill restores the cluster (all-pass scenario, fakes in place, gates off,
-every node back where the other tests expect it), even when it fails.
+The local cluster configures a suite, so its controller runs with both gates on (the
+default): it qualifies the spares as it starts and checks every node back from a
+reboot. Every drill restores the cluster (all-pass scenario, fakes in place, the
+default gates, every node back where the other tests expect it), even when it fails.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(240)]
 
 RUN_S = 60.0  # a quick run on the fakes takes a few seconds; reboots up to ~40 s
 GATES = {"gate_reentry": True, "gate_spares": True}
-_GATED: list[bool] = []  # set while a drill's controller runs with gates on
+_GATED: list[bool] = []  # set while a drill's controller runs with gates of its own
 
 
 def gates_on(drill: Drill, gates: dict[str, Any]) -> None:
@@ -62,11 +64,25 @@ def scenario(drill: Drill, nodes: dict[str, dict[str, Any]]) -> None:
     deepchecks.write_scenario(drill.cluster.dir, nodes)
 
 
+def settled_checks(drill: Drill) -> None:
+    """Wait until no run is under way: with the default gates the controller qualifies
+    the spares as it starts and whenever one enters the pool again (a restore), and a
+    drill counts and watches its own runs."""
+    wait_for(
+        "no deep-check run under way",
+        lambda: all(r["phase"] == "done" for r in runs(drill)) and not our_reservations(drill),
+        timeout=RUN_S,
+        step=1.0,
+        detail=lambda: {"runs": runs(drill), "states": drill.describe()},
+    )
+
+
 @pytest.fixture(scope="module")
 def drill(service_cluster: LocalCluster) -> Iterator[Drill]:
     d = Drill(service_cluster)
     d.fresh_controller()
     d.restore()
+    settled_checks(d)
     yield d
     scenario(d, {})
     d.fresh_controller()
@@ -75,18 +91,21 @@ def drill(service_cluster: LocalCluster) -> Iterator[Drill]:
 
 @pytest.fixture
 def clean(drill: Drill) -> Iterator[Drill]:
-    """Start from an all-pass scenario; afterwards gates off, no reservation of ours."""
+    """Start from an all-pass scenario; afterwards the default gates, no reservation of
+    ours."""
     scenario(drill, {})
+    settled_checks(drill)
     yield drill
     scenario(drill, {})
     deepchecks.install(drill.cluster.dir)  # a drill may have taken a tool away
     leftovers = our_reservations(drill)
     if _GATED or leftovers:
         _GATED.clear()
-        drill.fresh_controller()  # gates off again (a restart costs ~10 s: only then)
+        drill.fresh_controller()  # the default gates again (a restart costs ~10 s: only then)
     for name in leftovers:
         for job in drill.slurm.list_jobs(all_states=False):
-            drill.slurm.cancel(job.job_id)
+            if job.name == name:  # never a run the controller started since
+                drill.slurm.cancel(job.job_id)
         wait_for("our reservation to go", lambda n=name: _gone(drill, n), timeout=30)
     spares = set(drill.spares)
     for name in drill.nodes:
@@ -138,7 +157,12 @@ def test_node_check_runs_in_a_maintenance_reservation_and_removes_it(clean: Dril
     assert our_reservations(drill) == []
     states = drill.states()
     assert all(not states[n].drained and not states[n].reason for n in ("node1", "node2"))
-    kinds = [e["kind"] for e in drill.events() if "deep check run" in e["message"]]
+    # the run's own events: the controller also qualifies the spares (the default gates)
+    kinds = [
+        e["kind"]
+        for e in drill.events()
+        if "deep check run" in e["message"] and e.get("node") in ("node1", "node2", None)
+    ]
     assert kinds.count("deep_check_ok") == 2 and "deep_check_done" in kinds
 
 
@@ -212,8 +236,10 @@ def test_a_spare_failing_dcgm_is_held_and_the_next_spare_is_swapped_in(clean: Dr
     drill = clean
     bad, good = "node4", drill.spares[0]  # node4 joins the pool; it sorts first
     scenario(drill, {bad: {"dcgmi": {"fail": [{"test": "memory", "gpu": 3}]}}})
-    drill.slurm.drain(bad, "hyperpod:spare")
     gates_on(drill, GATES)
+    # into the pool only now: the controller before (the default gates are on too) would
+    # start qualifying it, and a restart on empty state forgets that run
+    drill.slurm.drain(bad, "hyperpod:spare")
     wait_for(
         f"{bad} held by its failed dcgm check and {good} qualified",
         lambda: (

@@ -181,15 +181,24 @@ def test_node_drained_for_reset_is_resumed_when_healthy_again(drill: Drill) -> N
         # the reset happened: the GPU is fine and the agent starts afresh
         drill.heal_gpus("node2")
         drill.restart_agent("node2")
+        # The local cluster names a suite, so the re-entry gate is on: a reset is in
+        # gate_after, and the passing re-entry check is what resumes the node (it is in
+        # service inside the check's reservation while the check runs).
         wait_for(
-            "node2 resumed by the controller",
-            lambda: back_in_service(drill.node("node2")),
+            "node2 resumed by its passing re-entry check",
+            lambda: (
+                back_in_service(drill.node("node2"))
+                and "deep_check_done" in kinds(new_events(drill, since, "node2"))
+            ),
             REBOOT_S,
             detail=drill.describe_reboots,
         )
         assert drill.cluster.slurmd_pid("node2") == pid  # drained, never rebooted
         events = new_events(drill, since, "node2")
-        assert {"fault", "drain", "resume"} <= kinds(events), events
+        assert {"fault", "drain", "deep_check_ok"} <= kinds(events), events
+        assert "resume" not in kinds(events), events
+        [ok] = [e for e in events if e["kind"] == "deep_check_ok"]
+        assert "(reentry, quick)" in ok["message"], ok
     finally:
         drill.restore(restart_agents=["node2"])
 

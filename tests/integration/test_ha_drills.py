@@ -26,6 +26,7 @@ from tcp_proxy import TcpProxy
 from hyperpod_agent.controller.crash import CRASH_AT_ENV, PAUSE_AT_ENV
 from hyperpod_agent.localcluster import drill, ha, procs, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
+from hyperpod_agent.slurm.hostlist import compress_hostlist, expand_hostlist
 
 pytestmark = pytest.mark.slurm
 
@@ -250,11 +251,15 @@ def arm_pause(d: Drill, point: str) -> str:
     return armed
 
 
-@pytest.mark.parametrize("point", ["lease_checked", "intent", "deep_check:reserve"])
+@pytest.mark.parametrize(
+    "point", ["lease_checked", "intent", "deep_check:reserve", "step_retry:salloc"]
+)
 def test_a_leader_frozen_for_two_leases_changes_nothing_once_it_wakes(d: Drill, point: str) -> None:
-    """Frozen just past its lease check, inside an intent's apply, or with a deep
-    check's reservation made: the standby takes over and finishes the work; woken, the
-    old leader makes no Slurm change (its gate's log, slurmctld's log) and steps down."""
+    """Frozen just past its lease check, inside an intent's apply, with a deep check's
+    reservation made, or inside a step retry's ``salloc`` (the spare's helper
+    allocation granted, not yet handed to the surgery): the standby takes over and
+    finishes the work; woken, the old leader makes no Slurm change (its gate's log,
+    slurmctld's log) and steps down."""
     seed = int(os.environ.get("HYPERPOD_DRILL_SEED") or random.randrange(2**32))
     victim = random.Random(seed).choice(sorted(d.nodes))
     print(f"seed {seed} (HYPERPOD_DRILL_SEED={seed} replays): {point} with {victim}")
@@ -276,10 +281,26 @@ def frozen_and_woken(
     survivor = other(d, armed)
     ctld_log = d.cluster.dir / "log" / "slurmctld.log"
     ctld_start = ctld_log.stat().st_size
+    armed_start = (d.cluster.dir / "log" / f"{armed}.log").stat().st_size
     if point == "deep_check:reserve":
         res = d.hyperpod("node", "check", victim, "--json")
         assert res.returncode == 0, res.stderr
     elif point == "intent":
+        d.inject_xid(victim, 79)
+    elif point == "step_retry:salloc":
+        # srun --auto-resume=1 inside the job: the step is retried in place on a spare
+        job_id, out = drill.submit_training(
+            d.cluster, steps=30, step_time=0.3, ckpt_every=5, auto_resume=None,
+            script="train_in_place.sbatch",
+        )  # fmt: skip
+        nodes = running_with_steps(d, job_id, out, 4)
+        assert victim in nodes, nodes  # the job holds every node, its batch host too
+        batch = drill.job_of(d.cluster, job_id).batch_host
+        if victim == batch:
+            # Slurm keeps a job's batch host: a fault there rolls the surgery back at
+            # its shrink, before any salloc. The other node of the job then.
+            victim = next(n for n in sorted(nodes) if n != batch)
+            print(f"  {batch} is the batch host: the fault lands on {victim}")
         d.inject_xid(victim, 79)
     wait_for(f"{armed} to freeze at {point}", lambda: frozen(pid), 60)
     frozen_at = time.monotonic()
@@ -293,6 +314,9 @@ def frozen_and_woken(
             return bool(runs) and all(r["phase"] == "done" for r in runs)
 
         wait_for("the check run finished by the new leader", finished, 120, 0.5)
+    elif point == "step_retry:salloc":
+        granted = (d.cluster.dir / "log" / f"{armed}.log").read_bytes()[armed_start:]
+        finished_surgery(d, granted.decode(errors="replace"), job_id, out, nodes, victim)
     else:
         wait_for(
             f"{victim} taken out by {survivor}",
@@ -321,17 +345,46 @@ def frozen_and_woken(
     # slurmctld's side: nothing for the victim since the old leader woke, beyond what
     # the survivor did (its reboot completing, its resume after the reboot or check).
     text = ctld_log.read_bytes()[ctld_start:].decode(errors="replace")
-    taken = [
-        ln
-        for ln in text.splitlines()
-        if f"node {victim} reason set to" in ln or f"reboot request queued for nodes {victim}" in ln
-    ]
-    assert len(taken) <= 1, taken
+    # One take-out at most: with the re-entry gate on (a suite named, the local
+    # cluster's default) a reboot is a drain, then the reboot: one line of each.
+    for mark in (f"node {victim} reason set to", f"reboot request queued for nodes {victim}"):
+        taken = [ln for ln in text.splitlines() if mark in ln]
+        assert len(taken) <= 1, taken
     woke_text = ctld_log.read_bytes()[ctld_woke:].decode(errors="replace")
-    assert "Created reservation" not in woke_text or point != "deep_check:reserve", woke_text
+    made_one = point in ("deep_check:reserve", "step_retry:salloc")
+    assert "Created reservation" not in woke_text or not made_one, woke_text
+    if point == "step_retry:salloc":
+        helpers = [j for j in d.slurm.list_jobs() if j.name == f"hyperpod-expand-{job_id}"]
+        assert len(helpers) == 1 and helpers[0].state in drill.ENDED, helpers
+        assert not [r for r in d.slurm.reservations() if r.name.startswith("hyperpod-expand-")]
     story = [e for e in d.events() if e["id"] > first_event]
     # armed took the lead to be frozen, the survivor took it from the frozen one
     assert takeovers(story) == [armed, survivor], story
+
+
+def finished_surgery(
+    d: Drill, armed_log: str, job_id: int, out: Path, nodes: list[str], victim: str
+) -> None:
+    """The surgery the frozen leader left in its ``salloc`` finished by the new leader:
+    the helper the frozen one was granted adopted (no second allocation), the spare
+    merged, the step run again in the same job, which never left RUNNING."""
+    done = drill.wait_job_end(d.cluster, job_id, timeout=180)
+    text = out.read_text()
+    assert done.state == "COMPLETED" and done.restart_count == 0, text[-1500:]
+    log = drill.parse_train_log(text)
+    assert len(log.attempts) == 2 and text.count("batch script started on ") == 1, text[-1500:]
+    kept = [n for n in nodes if n != victim]
+    spares = [n for n in expand_hostlist(log.attempts[1].nodes) if n in d.spares]
+    assert len(spares) == 1, text[-1500:]
+    spare = spares[0]
+    assert log.attempts[1].nodes == compress_hostlist([*kept, spare]), text[-1500:]
+    story = [e for e in d.events() if e.get("job_id") == job_id]
+    kinds = [e["kind"] for e in story]
+    assert kinds.count("step_retry_done") == 1 and "requeue" not in kinds, kinds
+    granted = re.findall(rf"slurm expansion for job {job_id}: helper job (\d+)", armed_log)
+    expanded = [e["message"] for e in story if e["kind"] == "step_retry_expand"]
+    assert len(granted) == 1 and len(expanded) == 1, (granted, expanded)
+    assert f"helper allocation {granted[0]} on {spare}" in expanded[0], expanded
 
 
 # ------------------------------------------------------- a one-sided partition

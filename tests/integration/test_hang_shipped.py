@@ -30,8 +30,14 @@ STEP_S = 0.3
 HEALTHY_S = float(os.environ.get("HYPERPOD_HANG_HEALTHY_S", "600"))
 AGENT_CYCLE_S = AgentConfig.model_fields["cycle_s"].default or 5.0
 BOUND_S = 2 * STEP_S * 1.1 + 10 + AGENT_CYCLE_S
-# The healthy job's course, the cluster's start and the job's end, bounded.
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(int(HEALTHY_S) + 600)]
+# The healthy job's course, the cluster's start and the job's end, bounded. Its own
+# cluster, but the lane beside the service drills (scripts/test.sh): the two lanes then
+# take about as long as each other.
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.services,
+    pytest.mark.timeout(int(HEALTHY_S) + 600),
+]
 
 
 @pytest.fixture(scope="module")
