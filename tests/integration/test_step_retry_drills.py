@@ -31,8 +31,19 @@ STARTED = "batch script started on "
 @pytest.fixture
 def cluster(service_cluster: LocalCluster) -> Iterator[LocalCluster]:
     reset.reset_cluster(service_cluster)
+    spares_ready(service_cluster)
     yield service_cluster
     reset.reset_cluster(service_cluster)
+
+
+def spares_ready(cluster: LocalCluster) -> None:
+    """The local cluster names a deep-check suite, so the spare gate is on as shipped:
+    a spare back in the pool stands in only once it passed its check again."""
+    from drill_helpers import Drill, wait_for
+
+    d = Drill(cluster)
+    if d.spare_gate_on():
+        wait_for("the spares qualified", d.spares_qualified, timeout=120.0, step=1.0)
 
 
 class States:
