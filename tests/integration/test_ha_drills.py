@@ -38,6 +38,12 @@ TAKEOVER_S = 20.0
 
 @pytest.fixture(scope="module")
 def ha_cluster() -> Iterator[LocalCluster]:
+    # The shipped lease (ha.LEASE_TTL_S and its renewal) and the shipped deep-check
+    # gates; the agents and the passes at the drills' cadences (1 s, 2 s), which these
+    # drills say otherwise on purpose: what they prove, that a deposed or frozen leader
+    # changes nothing and the standby finishes, is decided by the lease and the gate,
+    # not by how often agents report. The shipped cadences have their own drill
+    # (test_hang_shipped.py) and benchmark rows (bench/hang.py, bench/failover.py).
     cluster = LocalCluster(HA_DIR, nodes=2, spares=2, port_base=HA_PORT_BASE, ha=True)
     try:
         cluster.up(timeout=60, services=True)
