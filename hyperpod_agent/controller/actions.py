@@ -22,6 +22,7 @@ from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.gate import Gate, Refused, gated
 from hyperpod_agent.controller.isolation import Isolation
+from hyperpod_agent.controller.observe import WouldHave
 from hyperpod_agent.controller.providers.base import (
     Provider,
     ProviderError,
@@ -34,7 +35,6 @@ from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.log import MAX_MESSAGE
 from hyperpod_agent.controller.store.rows import ActionRow, EventIn
 from hyperpod_agent.errors import SlurmError
-from hyperpod_agent.reasons import Verb, format_reason, parse_reason
 from hyperpod_agent.slurm.models import Job, Node
 from hyperpod_agent.text import printable
 
@@ -70,8 +70,7 @@ class Executor:
         # with it, so a deposed leader writes none (LeaseLost ends its pass).
         self.fence: Lease | None = None
         # Observe mode: the decisions of the last pass, (kind, target) -> fault code.
-        self._would: dict[tuple[str, str], str] = {}
-        self._would_now: dict[tuple[str, str], str] = {}
+        self.would_have = WouldHave(store)
         # Each intent and action on its own: one that raises is skipped, not the pass.
         self.isolation = Isolation(store.add_event, time.time)
 
@@ -89,7 +88,7 @@ class Executor:
         promised: set[str] = set()  # spares already given to a replacement in this pass
         # In observe mode a decision that stands pass after pass is logged once, and
         # again only after it was not made for a pass.
-        self._would_now = {}
+        self.would_have.begin_pass()
         for pa in decision.actions:
             aid = self.isolation.run(
                 "action",
@@ -101,7 +100,7 @@ class Executor:
             )
             if aid is not None:
                 ids.append(aid)
-        self._would = self._would_now
+        self.would_have.end_pass()
         return ids
 
     def _execute_one(
@@ -115,7 +114,7 @@ class Executor:
             records.finding(self.store, pa, now)
             return None
         if self.config.policy.observe:
-            self._would_have(pa, now)
+            self.would_have.tell(pa, now)
             return None
         if pa.kind is Kind.CHECK:
             records.check_run(self.store, pa, now)
@@ -226,7 +225,7 @@ class Executor:
     def _apply(self, row: ActionRow, now: float) -> None:
         if not self._still_planned(row, now):
             return
-        expect = _expected(row)
+        expect = intents.expected_reasons(row)
         try:
             if row.kind in (Kind.DRAIN.value, Kind.HOLD.value):
                 self.slurm.drain(str(row.node), row.reason, expect=expect)
@@ -271,7 +270,7 @@ class Executor:
         it stays drained after the boot, for the gate to decide."""
         node = str(row.node)
         deep = self.config.deep_checks
-        expect = _expected(row)
+        expect = intents.expected_reasons(row)
         if not (deep.reentry_gate_on and "reboot" in deep.gate_after):
             self.slurm.reboot(node, row.reason, asap=True, next_state="resume", expect=expect)
             return
@@ -347,7 +346,9 @@ class Executor:
             gated = self.config.deep_checks.reentry_gate_on
             try:
                 if gated:
-                    self.slurm.drain(str(row.node), replaced_reason(row), expect=(row.reason,))
+                    self.slurm.drain(
+                        str(row.node), intents.replaced_reason(row), expect=(row.reason,)
+                    )
                     note = "back; held for a deep check before it takes work"
                 else:
                     self.slurm.resume(str(row.node), expect=(row.reason,))
@@ -443,39 +444,6 @@ class Executor:
         if row.kind in TAKE_OUT_KINDS and isinstance(first, int | float) and measured:
             metrics.FAULT_TO_DRAIN.observe(max(0.0, now - float(first)))
 
-    def _would_have(self, pa: PlannedAction, now: float) -> None:
-        """Observe mode: what this action would have done, once while it stands."""
-        target = intents.target(pa)
-        if pa.kind is Kind.CHECK:
-            target = ", ".join(str(n) for n in pa.params.get("nodes", ()))
-        # The decision, not its wording: a hang's cause counts its idle seconds up.
-        what = str(pa.params.get("fault_code", ""))
-        key = (pa.kind.value, target)
-        self._would_now[key] = what
-        if self._would.get(key) == what:
-            return
-        action = "deep_check" if pa.kind is Kind.CHECK else pa.kind.value
-        records.would_have(
-            self.store, action, target, pa.cause, now, node=pa.node, job_id=pa.job_id
-        )
-
     def _event(self, kind: str, message: str, pa: PlannedAction, now: float) -> None:
         self.store.add_event(kind, message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
         log.info("%s", message)
-
-
-def replaced_reason(row: ActionRow) -> str:
-    """The reason a node that came back from its replacement waits under for its deep
-    check (``hyperpod:check``: the gate resumes it once it passed)."""
-    ours = parse_reason(row.reason)
-    what = f"{ours.component} {ours.code}" if ours is not None else "a fault"
-    return format_reason(Verb.CHECK, "replace", "back", f"replaced for {what}")
-
-
-def _expected(row: ActionRow) -> tuple[str, ...] | None:
-    """The reasons a node intent may find when applied: the one it saw when planned,
-    or its own (done before a crash); None for intents recorded without it."""
-    seen = row.params.get("seen_reason")
-    if not isinstance(seen, str) or not intents.touches_node(row):
-        return None
-    return (seen, row.reason)

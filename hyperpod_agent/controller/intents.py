@@ -14,7 +14,7 @@ from collections.abc import Collection, Mapping
 
 from hyperpod_agent.controller.snapshot import NODE_KINDS, Kind, PlannedAction
 from hyperpod_agent.controller.store.rows import ActionRow
-from hyperpod_agent.reasons import Owner, owner_of
+from hyperpod_agent.reasons import Owner, Verb, format_reason, owner_of, parse_reason
 from hyperpod_agent.slurm.models import Job, Node
 
 REBOOT_FLAGS = frozenset({"REBOOT_REQUESTED", "REBOOT_ISSUED", "REBOOT"})
@@ -85,3 +85,20 @@ def target(pa: PlannedAction) -> str:
 def row_target(row: ActionRow) -> str:
     """What an intent is about, for messages: the job, or else the node."""
     return f"job {row.job_id}" if row.job_id is not None else str(row.node)
+
+
+def replaced_reason(row: ActionRow) -> str:
+    """The reason a node that came back from its replacement waits under for its deep
+    check (``hyperpod:check``: the gate resumes it once it passed)."""
+    ours = parse_reason(row.reason)
+    what = f"{ours.component} {ours.code}" if ours is not None else "a fault"
+    return format_reason(Verb.CHECK, "replace", "back", f"replaced for {what}")
+
+
+def expected_reasons(row: ActionRow) -> tuple[str, ...] | None:
+    """The reasons a node intent may find when applied: the one it saw when planned,
+    or its own (done before a crash); None for intents recorded without it."""
+    seen = row.params.get("seen_reason")
+    if not isinstance(seen, str) or not touches_node(row):
+        return None
+    return (seen, row.reason)
