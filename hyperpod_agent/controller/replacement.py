@@ -10,7 +10,8 @@ lands on healthy nodes only.
 from __future__ import annotations
 
 from hyperpod_agent.controller.autoresume import cap_of, required_nodes
-from hyperpod_agent.controller.config import ControllerConfig, DeepCheckConfig, PolicyConfig
+from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.deepcheck.plan import spare_gate
 from hyperpod_agent.controller.intents import REBOOT_FLAGS
 from hyperpod_agent.controller.snapshot import Snapshot, left_to_step_retry

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.store.checks import CheckRun
 from hyperpod_agent.slurm.models import Job
 

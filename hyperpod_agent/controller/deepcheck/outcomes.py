@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.store.checks import CheckRun, NodeOutcome
 from hyperpod_agent.deepcheck.config import load_suite
 from hyperpod_agent.deepcheck.model import SuiteResult

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
 from hyperpod_agent.controller.store.checks import NodeOutcome
 from hyperpod_agent.reasons import SPARE, OwnedReason, Verb

@@ -34,7 +34,7 @@ from functools import partial
 from typing import Any
 
 from hyperpod_agent.controller import metrics
-from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.deepcheck import job as check_job
 from hyperpod_agent.controller.deepcheck.orphans import ReservationSweep

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from test_deep_check_runner import SUITE, World
 from test_orphans import ATTACKER
 
-from hyperpod_agent.controller.config import DeepCheckConfig, parse_config
+from hyperpod_agent.controller.config import parse_config
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.deepcheck.outcomes import judge_node, write_script
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.deepcheck.model import CheckOutcome

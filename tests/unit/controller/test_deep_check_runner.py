@@ -13,7 +13,7 @@ import pytest
 from ctl_helpers import NOW, cluster, node
 from test_orphans import ME, OwnedSlurm
 
-from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.deepcheck.outcomes import DRAIN_FIRST_REASON
 from hyperpod_agent.controller.deepcheck.run import CheckRunner
 from hyperpod_agent.controller.store.checks import CheckRun

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from ctl_helpers import NOW, FakeSlurm, cluster, config, node
 
-from hyperpod_agent.controller.config import DeepCheckConfig
+from hyperpod_agent.controller.config_deep import DeepCheckConfig
 from hyperpod_agent.controller.deepcheck.run import CheckRunner
 from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.stepretry.run import StepRetryRunner
