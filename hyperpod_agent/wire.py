@@ -14,6 +14,7 @@ release in ``User-Agent: hyperpod/<version>``; the controller keeps each agent's
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import threading
@@ -45,6 +46,13 @@ def version_of(user_agent: str | None) -> str | None:
     return found.group(1) if found else None
 
 
+@functools.cache
+def _known(model: type[BaseModel]) -> frozenset[str]:
+    """A model's field names and aliases: asked once per model, not per message."""
+    fields = model.model_fields
+    return frozenset(fields) | {f.alias for f in fields.values() if f.alias is not None}
+
+
 class Tolerant(BaseModel):
     """A message model that ignores, counts and logs the fields it does not know."""
 
@@ -55,9 +63,7 @@ class Tolerant(BaseModel):
     def _unknown_fields(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        known = set(cls.model_fields) | {
-            f.alias for f in cls.model_fields.values() if f.alias is not None
-        }
+        known = _known(cls)
         unknown = [k for k in data if k not in known]
         if not unknown:
             return data
