@@ -136,12 +136,19 @@ def run_check(settings: CheckSettings, now: datetime | None = None) -> tuple[int
 @click.option("--stale-after", type=float, default=None, help="seconds (overrides agent.toml)")
 @click.option("--on-stale", type=click.Choice(["fail", "warn"]), default=None)
 @click.option("--degraded-fails", is_flag=True, default=None, help="exit 1 on a degraded node too")
+@click.option(
+    "--prolog",
+    is_flag=True,
+    help="as Slurm's Prolog: exit 1 only on a fresh, urgent fault, after draining the node "
+    "with hyperpod's reason; exit 0 in every other case (docs/agent.md)",
+)
 def health_check(
     config_path: Path | None,
     cache_path: Path | None,
     stale_after: float | None,
     on_stale: str | None,
     degraded_fails: bool | None,
+    prolog: bool,
 ) -> None:
     """Judge this node from the agent's health cache (for HealthCheckProgram/prolog)."""
     settings = CheckSettings()
@@ -151,6 +158,9 @@ def health_check(
         try:
             settings = read_settings(config_path)
         except SettingsError as exc:
+            if prolog:  # a node without agent.toml runs no agent: nothing to judge
+                click.echo(f"hyperpod health-check: {exc} (the job may start)")
+                sys.exit(EXIT_OK)
             click.echo(f"hyperpod health-check: {exc}", err=True)
             sys.exit(EXIT_CONFIG)
     settings = CheckSettings(
@@ -159,6 +169,25 @@ def health_check(
         on_stale=on_stale or settings.on_stale,
         degraded_fails=settings.degraded_fails if degraded_fails is None else degraded_fails,
     )
-    code, line = run_check(settings)
+    if prolog:
+        code, line = prolog_check(settings, config_path)
+    else:
+        code, line = run_check(settings)
     click.echo(f"hyperpod health-check: {line}", err=code != EXIT_OK)
     sys.exit(code)
+
+
+def prolog_check(settings: CheckSettings, config_path: Path | None) -> tuple[int, str]:
+    """The Prolog's answer: only a fresh cache may refuse a job (a stale one says
+    nothing about now), and only an urgent fault does (agent/prolog.py)."""
+    from hyperpod_agent.agent import prolog
+
+    fresh = CheckSettings(settings.cache_path, settings.stale_after_s, "fail", False)
+    code, line = run_check(fresh)
+    if code != EXIT_FAULTY:
+        return EXIT_OK, f"{line} (the job may start)"
+    try:
+        cache = read_cache_dict(fresh.cache_path)
+    except (OSError, ValueError) as exc:  # rewritten or removed since: say so, let it start
+        return EXIT_OK, f"cannot read health cache {fresh.cache_path}: {exc} (the job may start)"
+    return prolog.gate(cache, prolog.read_gate_settings(config_path))

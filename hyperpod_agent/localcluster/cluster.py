@@ -40,6 +40,8 @@ class LocalCluster:
         port_base: int = DEFAULT_PORT_BASE,
         ha: bool = False,
         shipped_cadences: bool = False,
+        site_hooks: bool = False,
+        bare: bool = False,
         **timing: int,
     ) -> None:
         self.shape = Shape(
@@ -49,6 +51,8 @@ class LocalCluster:
             port_base,
             ha=ha,
             shipped_cadences=shipped_cadences,
+            site_hooks=site_hooks,
+            bare=bare,
             **timing,
         )
 
@@ -132,7 +136,7 @@ class LocalCluster:
         self.check_can_start()
         self.stop_daemons()  # stale pids after a crash: clean whatever is left
         self.check_ports()
-        files.write_files(self.shape)
+        files.write_files(self.shape, services=services)
         try:
             namespaces.pin_host(self.dir / "run")
             self._start_munged()

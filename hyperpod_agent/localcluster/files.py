@@ -1,54 +1,24 @@
-"""The local cluster's directory: its subdirectories, the files rendered into it
-(slurm.conf, plugstack.conf, job_submit.lua, the hooks), cluster.json and the SPANK
-plugin, all written afresh by ``up``."""
+"""The local cluster's directory: its subdirectories, the machine's and site's files
+(slurm.conf, the site's hooks), cluster.json, then hyperpod's part of Slurm's
+configuration and the SPANK plugin through provisioning (provisioned.py; not for a bare
+cluster), all written afresh by ``up``."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import render
+from hyperpod_agent.localcluster import provisioned, render
 from hyperpod_agent.localcluster.shape import Shape
-from hyperpod_agent.provision.render import JOB_SUBMIT
 from hyperpod_agent.shared_root import prepare_shared_root
 
-SPANK_SOURCE = Path(__file__).resolve().parents[2] / "spank_plugin"
 
-
-def install_spank_plugin(lib: Path) -> None:
-    """Build spank_plugin/ (or take $HYPERPOD_SPANK_PLUGIN) and install it atomically
-    as ``lib/auto_resume.so``, so running daemons never load a half-written file."""
-    built = os.environ.get("HYPERPOD_SPANK_PLUGIN")
-    if built:
-        so = Path(built)
-    else:
-        if not (SPANK_SOURCE / "Makefile").exists():
-            raise LocalClusterError(
-                "SPANK plugin source not found: set HYPERPOD_SPANK_PLUGIN to a built auto_resume.so"
-            )
-        res = subprocess.run(
-            ["make", "-s", "-C", str(SPANK_SOURCE)], capture_output=True, text=True, timeout=120
-        )
-        if res.returncode != 0:
-            tail = (res.stderr or res.stdout).strip().splitlines()[-1:]
-            raise LocalClusterError(f"building the SPANK plugin failed: {' '.join(tail)}")
-        so = SPANK_SOURCE / "auto_resume.so"
-    if not so.exists():
-        raise LocalClusterError(f"SPANK plugin {so} does not exist")
-    tmp = lib / "auto_resume.so.new"
-    shutil.copyfile(so, tmp)
-    os.replace(tmp, lib / "auto_resume.so")
-
-
-def write_files(shape: Shape) -> None:
+def write_files(shape: Shape, services: bool = False) -> None:
     """Create the cluster's directory under ``shape.dir`` and write every file the
     daemons read."""
     d = shape.dir
@@ -80,14 +50,20 @@ def write_files(shape: Shape) -> None:
     (d / "autoresume").chmod(0o755)  # only slurmstepd (root) writes markers
     (d / "checkpoints").chmod(0o1777)
     (d / "out").chmod(0o1777)
+    # The site's own files; provisioning adds hyperpod's (below).
+    for stale in ("plugstack.conf", "job_submit.lua", "hyperpod.conf"):
+        (d / "etc" / stale).unlink(missing_ok=True)
     files = {
         shape.slurm_conf: render.slurm_conf(shape, socket.gethostname()),
-        d / "etc" / "plugstack.conf": render.plugstack_conf(shape),
-        d / "etc" / "job_submit.lua": JOB_SUBMIT,
+        d / "etc" / "plugstack.conf": "",
         d / "hooks" / "reboot.sh": render.reboot_sh(shape, sys.executable),
-        d / "hooks" / "epilog_ctld.sh": render.epilog_ctld_sh(shape, sys.executable),
         d / "hooks" / "task_prolog.sh": render.task_prolog_sh(shape),
     }
+    if shape.site_hooks:
+        (d / "site").mkdir(exist_ok=True)
+        files[d / "etc" / "job_submit.lua"] = render.SITE_JOB_SUBMIT
+        for hook in render.SITE_HOOKS:
+            files[d / "site" / f"{hook}.sh"] = render.site_hook_sh(shape, hook)
     for path, text in files.items():
         path.write_text(text)
         if path.suffix == ".sh":
@@ -96,4 +72,5 @@ def write_files(shape: Shape) -> None:
     meta["dir"] = str(d)
     meta["host_boot_epoch"] = time.time() - float(Path("/proc/uptime").read_text().split()[0])
     (d / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
-    install_spank_plugin(d / "lib")
+    if not shape.bare:
+        provisioned.provision(shape, step_retry=services)

@@ -49,18 +49,6 @@ def _pidfile(shape: Shape) -> Path:
     return shape.dir / "run" / "proc-postgres.pid"
 
 
-def store_section(shape: Shape, name: str) -> dict[str, object]:
-    """The keys of ``controller.toml`` that put controller ``name`` on the shared store."""
-    return {
-        "store": database_url(shape),
-        "store_password_file": str(password_file(shape)),
-        "ha": {
-            "enabled": True,
-            "controller_id": name,
-        },
-    }
-
-
 def database_pid(shape: Shape) -> int | None:
     return procs.read_pidfile(_pidfile(shape))
 

@@ -1,12 +1,10 @@
-"""Pure renderers for the local cluster's files: slurm.conf, plugstack.conf and the
-hook scripts (job_submit.lua is provisioning's own). No I/O here; ``files.py`` writes
-them."""
+"""Pure renderers for what the local cluster's machine and site have: slurm.conf and
+the site's own hook scripts. hyperpod's part of Slurm's configuration is provisioning's
+(localcluster/provisioned.py). No I/O here; ``files.py`` writes them."""
 
 from __future__ import annotations
 
 import shlex
-import sys
-from pathlib import Path
 
 from hyperpod_agent.localcluster.shape import Shape
 
@@ -56,16 +54,29 @@ def slurm_conf(shape: Shape, ctl_host: str) -> str:
         "KillWait=5",
         "BatchStartTimeout=10",
         "MinJobAge=600",
-        "SchedulerParameters=sched_interval=2,bf_interval=2,permit_job_expansion",
+        # The site's own scheduler settings: provisioning's include adds what hyperpod
+        # needs (permit_job_expansion for step retry) to these.
+        "SchedulerParameters=sched_interval=2,bf_interval=2",
         f"MaxNodeCount={len(shape.all_names) + 8}",
         "TreeWidth=65533",
         f"PlugStackConfig={d}/etc/plugstack.conf",
-        "JobSubmitPlugins=lua",
-        f"EpilogSlurmctld={d}/hooks/epilog_ctld.sh",
+        # The machine's own hooks, which provisioning keeps: a RebootProgram that fakes
+        # a reboot, and per-node memory and progress roots on a shared /dev/shm.
         f"TaskProlog={d}/hooks/task_prolog.sh",
         f"RebootProgram={d}/hooks/reboot.sh",
         "ResumeTimeout=30",
+        # Everything else hyperpod adds (JobSubmitPlugins, EpilogSlurmctld, Prolog,
+        # HealthCheckProgram, permit_job_expansion) comes from provisioning's include,
+        # appended below by `hyperpod local-cluster up` (localcluster/provisioned.py).
     ]
+    if shape.site_hooks:
+        lines += [
+            f"HealthCheckProgram={d}/site/nhc.sh",
+            "HealthCheckInterval=5",
+            f"Prolog={d}/site/prolog.sh",
+            f"EpilogSlurmctld={d}/site/epilog_ctld.sh",
+            "JobSubmitPlugins=lua",
+        ]
     for name in shape.node_names:
         lines.append(_node_line(shape, name, "UNKNOWN"))
     for name in shape.spare_names:
@@ -84,24 +95,6 @@ def _node_line(shape: Shape, name: str, state: str) -> str:
         f"NodeName={name} NodeAddr=127.0.0.1 Port={shape.node_port(name)} "
         f"CPUs={shape.cpus_per_node} RealMemory={shape.mem_mb_per_node} State={state}"
     )
-
-
-def plugstack_conf(shape: Shape, services: bool = False) -> str:
-    d = shape.dir
-    # 'required': a plugin that fails to load makes sbatch/srun/slurmd fail loudly
-    # instead of silently losing --auto-resume. Each node has its own progress and
-    # memory roots (%n: the node's host name, as in task_prolog_sh), where slurmstepd
-    # makes every job's directories for the job's user.
-    line = (
-        f"required {d}/lib/auto_resume.so statedir={d}/autoresume "
-        f"progress_root={shape.progress_root}/%n memory_root={shape.memory_root}/%n "
-        f"checkpoint_root={d}/checkpoints"
-    )
-    if services:
-        # With a controller to ask: an srun --auto-resume inside a job hands itself over
-        # to the hyperpod command of the Python that runs the cluster (its venv).
-        line += f" step_helper={Path(sys.executable).parent / 'hyperpod'}"
-    return line + "\n"
 
 
 def reboot_sh(shape: Shape, python: str) -> str:
@@ -154,21 +147,29 @@ def task_prolog_sh(shape: Shape) -> str:
     )
 
 
-def epilog_ctld_sh(shape: Shape, python: str) -> str:
-    """EpilogSlurmctld: log the job's end and tell the controller at once (when the
-    services run), so an auto-resume job is requeued without waiting for a pass.
-    ``hyperpod jobs notify-end`` always exits 0 within ~2 s: an epilog must not hang."""
-    log = shlex.quote(str(shape.dir / "log" / "job_end.log"))
-    admin = shape.dir / "etc" / "admin.toml"
-    notify = " ".join(
-        shlex.quote(a)
-        for a in [python, "-m", "hyperpod_agent", "jobs", "notify-end", "--config", str(admin)]
-    )
+# A site's own job_submit.lua: it tags every job, so a drill sees it still runs.
+SITE_COMMENT = "site-job-submit"
+SITE_JOB_SUBMIT = f"""\
+-- The site's own job_submit.lua (the local cluster's site_hooks).
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  job_desc.comment = "{SITE_COMMENT}"
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+"""
+
+
+def site_hook_sh(shape: Shape, hook: str) -> str:
+    """A site's hook program: one line per run in DIR/log/site-<hook>.log."""
+    log = shlex.quote(str(shape.dir / "log" / f"site-{hook}.log"))
     return (
         "#!/bin/sh\n"
-        f"printf '%s job=%s auto_resume=%s exit=%s derived=%s\\n' \"$(date +%s.%N)\" "
-        '"$SLURM_JOB_ID" "${SPANK_AUTO_RESUME:-}" "${SLURM_JOB_EXIT_CODE2:-}" '
-        f'"${{SLURM_JOB_DERIVED_EC:-}}" >> {log}\n'
-        f"if [ -f {shlex.quote(str(admin))} ]; then {notify} 2>> {log} || true; fi\n"
+        f'echo "$(date +%s.%N) job=${{SLURM_JOB_ID:-}} node=$(hostname)" >> {log}\n'
         "exit 0\n"
     )
+
+
+SITE_HOOKS = ("nhc", "prolog", "epilog_ctld")

@@ -19,9 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import daemons, deepchecks, ha, procs, render
+from hyperpod_agent.localcluster import daemons, deepchecks, ha, procs, provisioned
 from hyperpod_agent.localcluster.namespaces import is_mount
 from hyperpod_agent.localcluster.shape import Shape
+from hyperpod_agent.provision.models import ProvisioningParameters
+from hyperpod_agent.provision.render import deep_merge
 
 log = logging.getLogger(__name__)
 
@@ -140,20 +142,45 @@ class Services:
             "check_origin": False,
         }
 
+    def parameters(self) -> ProvisioningParameters:
+        """The cluster's provisioning_parameters.json: what every agent.toml and
+        controller.toml here is rendered from, by provisioning's own code."""
+        return provisioned.parse(self.parameters_data())
+
+    def parameters_data(self) -> dict[str, Any]:
+        data = provisioned.parameters_data(self.shape, step_retry=True)
+        data.pop("controller_url")
+        keys = self._controller_keys()
+        if self.shape.ha:
+            data["controller"] = {"nodes": list(self.controllers)}
+            data["controller_urls"] = keys["urls"]
+            # The password file's path on a controller node (relocated into DIR).
+            pw = "/" + str(ha.password_file(self.shape).relative_to(self.dir))
+            data["controller_store"] = {"url": ha.database_url(self.shape), "password_file": pw}
+        else:
+            data["controller"] = {"nodes": ["controller"]}
+            data["controller_url"] = keys["url"]
+        data["agent_overrides"] = deep_merge(data["agent_overrides"], self._agent_common())
+        data["node_overrides"] = {n: self._agent_node(n) for n in self.shape.all_names}
+        data["controller_overrides"] = self._controller_common()
+        return data
+
     def controller_config(self, controller: str = "controller") -> dict[str, Any]:
-        config = self._controller_config(controller)
+        config = provisioned.controller_config(self.parameters(), self.shape, controller)
+        # The one key the harness keeps its own: the drills reset the state by
+        # removing DIR/state/controller.db*.
+        config["state_db"] = str(self.dir / "state" / "controller.db")
+        config["listen_port"] = ha.controller_port(self.shape, controller)
+        if "ha" in config:
+            # The drills name a leader by its service name (provisioning's own id is
+            # "<node>:<port>"): the events and lease say "controller-b", not its port.
+            config["ha"]["controller_id"] = controller
         if self.shape.shipped_cadences:
             _ship_cadences(config, CONTROLLER_CADENCES)
         return config
 
-    def _controller_config(self, controller: str) -> dict[str, Any]:
-        shared = ha.store_section(self.shape, controller) if self.shape.ha else {}
+    def _controller_common(self) -> dict[str, Any]:
         return {
-            **shared,
-            "listen_host": "127.0.0.1",
-            "listen_port": ha.controller_port(self.shape, controller),
-            "state_db": str(self.dir / "state" / "controller.db"),
-            "slurm_conf": str(self.shape.slurm_conf),
             "slurm_user": "root",  # SlurmUser in the local cluster's slurm.conf
             "reconcile_interval_s": 2.0,
             "auth": self.auth(),
@@ -179,53 +206,53 @@ class Services:
         }
 
     def agent_config(self, node: str) -> dict[str, Any]:
-        config = self._agent_config(node)
+        config = provisioned.agent_config(self.parameters(), self.shape, node)
         if self.shape.shipped_cadences:
             _ship_cadences(config, AGENT_CADENCES)
         return config
 
-    def _agent_config(self, node: str) -> dict[str, Any]:
+    def _agent_common(self) -> dict[str, Any]:
+        """agent_overrides: what every fake node's agent has in common."""
         return {
-            "node_name": node,
-            "cache_path": str(self.cache(node)),
-            "state_dir": str(self.cache(node).parent),
             "slurm_conf": str(self.shape.slurm_conf),
-            "sysfs_root": str(self.dir / "sys" / node),
-            "auto_resume_markers": str(self.dir / "autoresume"),
-            # TaskProlog puts each node's memory tiers under memory_root/<node>/<job>.
-            "memory_tier": {"root": str(self.shape.memory_root / node)},
-            # ... and the ranks' progress records under progress_root/<node>/<job>.
-            "progress_dir": str(self.shape.progress_root / node),
             "cycle_s": 1.0,
-            "metrics": {"port": self.metrics_port(node)},
             # A restarted agent waits a little before non-urgent verdicts, as on a
             # booting node; urgent GPU faults are reported at once.
             "verdict": {"grace_s": 5.0},
             "probes": {
-                "gpu": {
-                    "backend": "fake",
-                    "fake_scenario": str(self.scenario(node)),
-                    "expected_count": 8,
-                    "kmsg_path": "",
-                    "interval_s": 1.0,
-                },
+                "gpu": {"kmsg_path": "", "interval_s": 1.0},
                 "nic": {"interfaces": [DATA_LINK], "interval_s": 1.0},
-                "disk": {
-                    "interval_s": 1.0,
-                    "mounts": [{"path": str(self.scratch(node)), "name": "scratch"}],
-                },
+                "disk": {"interval_s": 1.0},
                 "cpu": {"interval_s": 5.0},
                 "slurmd": {"interval_s": 2.0, "munge_socket": str(self.shape.munge_socket)},
                 "script": {"enabled": False},
             },
             "controller": {
-                **self._controller_keys(),
                 "auth": self.auth(),
                 "heartbeat_interval_s": 5.0,
                 "backoff_max_s": 5.0,
                 "self_drain_after_s": 30.0,
                 "slurm_conf": str(self.shape.slurm_conf),
                 "slurm_user": "root",
+            },
+        }
+
+    def _agent_node(self, node: str) -> dict[str, Any]:
+        """node_overrides: the fake node's own hardware and places (on a real cluster,
+        each machine's own paths are the same and these stay out)."""
+        return {
+            "cache_path": str(self.cache(node)),
+            "state_dir": str(self.cache(node).parent),
+            "sysfs_root": str(self.dir / "sys" / node),
+            # TaskProlog puts each node's memory tiers under memory_root/<node>/<job>.
+            "memory_tier": {"root": str(self.shape.memory_root / node)},
+            # ... and the ranks' progress records under progress_root/<node>/<job>.
+            "progress_dir": str(self.shape.progress_root / node),
+            "metrics": {"port": self.metrics_port(node)},
+            "probes": {
+                # this machine has no GPU: each node's are fakes, whose state a file says
+                "gpu": {"backend": "fake", "fake_scenario": str(self.scenario(node))},
+                "disk": {"mounts": [{"path": str(self.scratch(node)), "name": "scratch"}]},
             },
         }
 
@@ -243,6 +270,9 @@ class Services:
         admin = {"controller": self._controller_keys(), "auth": self.auth()}
         AdminConfig.model_validate(admin)
         (etc / "admin.toml").write_text(to_toml(admin))
+        # Where provisioning's EpilogSlurmctld finds the controller (/etc/hyperpod).
+        (etc / "hyperpod").mkdir(exist_ok=True)
+        (etc / "hyperpod" / "admin.toml").write_text(to_toml(admin))
         (self.dir / "gpu").mkdir(exist_ok=True)
         for node in self.shape.all_names:
             AgentConfig.model_validate(self.agent_config(node))
@@ -368,11 +398,9 @@ class Services:
 
     def up(self) -> None:
         self.write_configs()
-        # srun --auto-resume inside a job may now ask the controller to retry its step
-        conf = self.dir / "etc" / "plugstack.conf"
-        tmp = conf.with_suffix(".new")
-        tmp.write_text(render.plugstack_conf(self.shape, services=True))
-        os.replace(tmp, conf)
+        # srun --auto-resume inside a job may now ask the controller to retry its step:
+        # the plugstack line gets its step_helper, as provisioning writes it.
+        provisioned.provision(self.shape, step_retry=True)
         for node in self.shape.all_names:
             self.make_node_hardware(node)
         if self.shape.ha:

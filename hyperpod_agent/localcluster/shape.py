@@ -24,6 +24,13 @@ class Shape:
     # The agents' and the controller's cadences as shipped (agent cycle and probe
     # intervals, heartbeats, reconcile pass) instead of the drills' short ones.
     shipped_cadences: bool = False
+    # The site already has its own HealthCheckProgram, Prolog, EpilogSlurmctld and
+    # job_submit.lua (render.site_hooks), which provisioning must keep running.
+    site_hooks: bool = False
+    # The machine and site only: nothing of hyperpod is provisioned (no include, no
+    # plugstack line, no plugin), for a drill that installs it by hand
+    # (docs/manual-install.md).
+    bare: bool = False
 
     @property
     def node_names(self) -> list[str]:

@@ -36,7 +36,7 @@ def run_command(
         raise StepError(f"{' '.join(argv[:3])}: timed out after {timeout:g} s") from None
 
 
-def _last_line(proc: subprocess.CompletedProcess[str]) -> str:
+def last_line(proc: subprocess.CompletedProcess[str]) -> str:
     text = (proc.stderr or proc.stdout or "").strip().splitlines()
     return text[-1] if text else "no output"
 
@@ -72,7 +72,7 @@ class InstallPackage(Step):
     def _run(self, argv: list[str], timeout: float) -> None:
         proc = run_command(argv, timeout)
         if proc.returncode != 0:
-            raise StepError(f"{' '.join(argv[:4])}: exit {proc.returncode}: {_last_line(proc)}")
+            raise StepError(f"{' '.join(argv[:4])}: exit {proc.returncode}: {last_line(proc)}")
 
 
 class Build(Step):
@@ -90,7 +90,7 @@ class Build(Step):
     def apply(self, ctx: Context) -> None:
         proc = run_command(["make", "-C", str(self.dir)], self.timeout, ctx.env)
         if proc.returncode != 0:
-            raise StepError(f"make -C {self.dir}: exit {proc.returncode}: {_last_line(proc)}")
+            raise StepError(f"make -C {self.dir}: exit {proc.returncode}: {last_line(proc)}")
 
 
 class SystemdEnable(Step):
@@ -123,7 +123,7 @@ class SystemdEnable(Step):
         ):
             proc = run_command(["systemctl", *argv], self.timeout)
             if proc.returncode != 0:
-                raise StepError(f"systemctl {' '.join(argv)}: {_last_line(proc)}")
+                raise StepError(f"systemctl {' '.join(argv)}: {last_line(proc)}")
 
 
 def mounted(path: str, mountinfo: Path = Path("/proc/self/mountinfo")) -> bool:
@@ -158,4 +158,4 @@ class Mount(Step):
         Path(self.path).mkdir(parents=True, exist_ok=True)
         proc = run_command(["mount", self.path], self.timeout)
         if proc.returncode != 0:
-            raise StepError(f"mount {self.path}: exit {proc.returncode}: {_last_line(proc)}")
+            raise StepError(f"mount {self.path}: exit {proc.returncode}: {last_line(proc)}")

@@ -170,6 +170,11 @@ class AutoResumeSettings(_Model):
     """Arguments of the ``auto_resume.so`` line in plugstack.conf."""
 
     statedir: str = Field(default="/var/lib/hyperpod/autoresume", pattern=r"^/")
+    step_retry: bool = Field(
+        default=True,
+        description="srun --auto-resume inside a job retries its step in place (false: "
+        "job-level requeue only)",
+    )
     checkpoint_root: str | None = Field(default=None, pattern=r"^/")
     max: int | None = Field(default=None, ge=0, le=1_000_000)
     default: int | None = Field(default=None, ge=0, le=1_000_000)
@@ -226,6 +231,11 @@ class ProvisioningParameters(_Model):
     agent_overrides: dict[str, Any] = Field(
         default_factory=dict, description="merged into every agent.toml (AgentConfig)"
     )
+    node_overrides: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per worker node: merged into that node's agent.toml after "
+        "agent_overrides (hardware that differs: a port never cabled, a GPU count)",
+    )
     controller_overrides: dict[str, Any] = Field(
         default_factory=dict, description="merged into controller.toml (ControllerConfig)"
     )
@@ -280,6 +290,10 @@ class ProvisioningParameters(_Model):
         controllers.check_heads(
             self.controller.nodes, self.urls(), self.controller_store, self.controller_overrides
         )
+        workers = {n for w in self.worker_groups for n in w.nodes}
+        for node in self.node_overrides:
+            if node not in workers:
+                raise ValueError(f"node_overrides: {node} is not a node of a worker group")
         paths = [m.path for m in self.mounts]
         for path in paths:
             if paths.count(path) > 1:

@@ -19,6 +19,7 @@ from hyperpod_agent.provision.commands import Build, InstallPackage, Mount, Syst
 from hyperpod_agent.provision.join import MARKER, JoinDrained
 from hyperpod_agent.provision.layout import Layout
 from hyperpod_agent.provision.models import ProvisionError, ProvisioningParameters, WorkerGroup
+from hyperpod_agent.provision.slurm_steps import node_hook_steps, slurm_steps
 from hyperpod_agent.provision.steps import (
     CopyFile,
     Directory,
@@ -129,10 +130,14 @@ def build_plan(params: ProvisioningParameters, node: str, options: Options) -> P
         Build(plugin_src),
         CopyFile(plugin_src / "auto_resume.so", lay.plugin, 0o755),
         ManagedBlock(lay.slurm_conf_dir / "plugstack.conf", render.plugstack_line(params, lay)),
-        File(lay.libexec / "health-check", render.health_check_script(lay), 0o755),
     ]
     if role.kind == "controller" or not params.slurm.configless:
-        steps.extend(_slurm_steps(params, lay))
+        # slurmctld reads the new include once told to; inside a prefix nothing is
+        # asked of Slurm, and the other nodes' slurmd follow the controller's order.
+        told = role.kind == "controller" and lay.prefix is None
+        steps.extend(slurm_steps(params, lay, reconfigure=told))
+    else:
+        steps.extend(node_hook_steps(lay))
     checks: list[Check] = []
     if role.kind == "worker":
         text = _config(
@@ -202,18 +207,6 @@ def _mount_steps(params: ProvisioningParameters, lay: Layout) -> list[Step]:
         # Inside a prefix the fstab is written but nothing is mounted.
         steps += [Mount(m.path, m.required) for m in params.mounts]
     return steps
-
-
-def _slurm_steps(params: ProvisioningParameters, lay: Layout) -> list[Step]:
-    conf = lay.slurm_conf_dir
-    return [
-        File(conf / "hyperpod.conf", render.hyperpod_conf(params, lay), 0o644),
-        File(
-            conf / "job_submit.lua", render.JOB_SUBMIT, 0o644, owned_marker=render.JOB_SUBMIT_MARKER
-        ),
-        File(lay.libexec / "epilog-slurmctld", render.epilog_script(lay), 0o755),
-        ManagedBlock(conf / "slurm.conf", f"include {conf / 'hyperpod.conf'}\n", must_exist=True),
-    ]
 
 
 def _unit_steps(

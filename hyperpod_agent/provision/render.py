@@ -8,6 +8,7 @@ import shlex
 import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,31 +20,6 @@ from hyperpod_agent.provision.models import ProvisioningParameters, WorkerGroup,
 from hyperpod_agent.shared_root import DEFAULT_MEMORY_ROOT
 
 HEADER = "Written by `hyperpod provision` from provisioning_parameters.json; edits are replaced."
-# A job_submit.lua carrying this line is ours to replace; any other one is the site's.
-JOB_SUBMIT_MARKER = "Installed by hyperpod"
-# The local cluster installs the same file (localcluster/files.py).
-JOB_SUBMIT = """\
--- Installed by hyperpod: copy the --auto-resume value that the SPANK plugin put
--- in the job-control environment into admin_comment, where the controller reads
--- it. Users cannot change admin_comment and it survives requeue.
-function slurm_job_submit(job_desc, part_list, submit_uid)
-  local value = nil
-  if job_desc.spank_job_env ~= nil then
-    for _, entry in pairs(job_desc.spank_job_env) do
-      local m = string.match(entry, "^AUTO_RESUME=(%d+)$")
-      if m ~= nil then value = m end
-    end
-  end
-  if value ~= nil then
-    job_desc.admin_comment = "auto_resume=" .. value
-  end
-  return slurm.SUCCESS
-end
-
-function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
-  return slurm.SUCCESS
-end
-"""
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 
 
@@ -115,7 +91,8 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
 def agent_config_data(
     params: ProvisioningParameters, node: str, group: WorkerGroup | None, layout: Layout
 ) -> dict[str, Any]:
-    """agent.toml for ``node``, before validation: generated keys plus agent_overrides."""
+    """agent.toml for ``node``, before validation: generated keys, then agent_overrides,
+    then the node's own node_overrides."""
     data: dict[str, Any] = {
         "node_name": node,
         "cache_path": str(layout.run_dir / "health.json"),
@@ -132,7 +109,8 @@ def agent_config_data(
         data["probes"] = {"gpu": {"enabled": False}}
     elif gpus is not None:
         data["probes"] = {"gpu": {"expected_count": gpus}}
-    return deep_merge(data, params.agent_overrides)
+    merged = deep_merge(data, params.agent_overrides)
+    return deep_merge(merged, params.node_overrides.get(node, {}))
 
 
 def observe_mode(params: ProvisioningParameters) -> bool:
@@ -158,7 +136,9 @@ def controller_config_data(
     urls = [urllib.parse.urlsplit(u) for u in params.urls()]
     # Listen where the URLs point: loopback stays private, a real name needs every address.
     private = all(u.hostname in LOOPBACK_HOSTS for u in urls)
-    port = urls[0].port
+    # controller_urls pairs with controller.nodes: each head listens on its own URL's port.
+    heads = params.controller.nodes
+    port = urls[heads.index(node) if node in heads else 0].port
     data: dict[str, Any] = {
         "listen_host": "127.0.0.1" if private else "0.0.0.0",
         "listen_port": port,
@@ -229,14 +209,16 @@ def render_config(name: str, data: Mapping[str, Any], source: str, key: str) -> 
 
 
 def check_overrides(params: ProvisioningParameters, source: str) -> list[str]:
-    """Problems with agent_overrides / controller_overrides, validated on a sample node."""
+    """Problems with agent_overrides / controller_overrides, validated on a sample node,
+    and with each node's node_overrides on that node."""
     layout = Layout.for_params(params, None)
     group = params.worker_groups[0]
+    common = params.model_copy(update={"node_overrides": {}})  # agent_overrides alone
     checks: list[tuple[str, str, Callable[[], Mapping[str, Any]]]] = [
         (
             "agent",
             "agent_overrides",
-            lambda: agent_config_data(params, group.nodes[0], group, layout),
+            lambda: agent_config_data(common, group.nodes[0], group, layout),
         ),
         (
             "controller",
@@ -244,6 +226,15 @@ def check_overrides(params: ProvisioningParameters, source: str) -> list[str]:
             lambda: controller_config_data(params, layout, params.controller.nodes[0]),
         ),
     ]
+    for node in params.node_overrides:
+        worker = next(w for w in params.worker_groups if node in w.nodes)
+        checks.append(
+            (
+                "agent",
+                f"node_overrides.{node}",
+                partial(agent_config_data, params, node, worker, layout),
+            )
+        )
     problems: list[str] = []
     for name, key, make in checks:
         try:
@@ -261,7 +252,9 @@ def plugstack_line(params: ProvisioningParameters, layout: Layout) -> str:
     ar = params.slurm.auto_resume
     # step_helper: an srun --auto-resume inside a job hands itself over to hyperpod's
     # step-retry helper, which runs on the job's nodes.
-    args = [f"statedir={layout.statedir}", f"step_helper={layout.hyperpod_bin}"]
+    args = [f"statedir={layout.statedir}"]
+    if ar.step_retry:
+        args.append(f"step_helper={layout.hyperpod_bin}")
     # Each job's progress and memory tier directories are made by slurmstepd (root) for
     # the job's user, under the roots the agents read (agent.toml, overrides included).
     progress, memory = node_roots(params)
@@ -286,42 +279,6 @@ def node_roots(params: ProvisioningParameters) -> tuple[str, str]:
     if isinstance(memory_tier, Mapping):
         memory = memory_tier.get("root", DEFAULT_MEMORY_ROOT)
     return str(progress), str(memory)
-
-
-def hyperpod_conf(params: ProvisioningParameters, layout: Layout) -> str:
-    """slurm.conf include: health check, reboot, job_submit.lua and the slurmctld epilog."""
-    s = params.slurm
-    lines = [
-        f"# {HEADER}",
-        f"HealthCheckProgram={layout.libexec / 'health-check'}",
-        f"HealthCheckInterval={s.health_check_interval}",
-        "HealthCheckNodeState=ANY",
-        f"RebootProgram={s.reboot_program}",
-        # job_submit.lua (next to slurm.conf) copies --auto-resume into admin_comment.
-        "JobSubmitPlugins=lua",
-        f"EpilogSlurmctld={layout.libexec / 'epilog-slurmctld'}",
-    ]
-    if s.cred_expire is not None:
-        # A requeued job waits cred_expire + 1 s before it may start again (DESIGN §4).
-        lines.append(f"AuthInfo=cred_expire={s.cred_expire}")
-    return "\n".join(lines) + "\n"
-
-
-def health_check_script(layout: Layout) -> str:
-    """HealthCheckProgram takes no arguments, so a wrapper supplies them."""
-    argv = [str(layout.hyperpod_bin), "health-check", "--config", str(layout.etc / "agent.toml")]
-    return f"#!/bin/sh\n# {HEADER}\nexec {shlex.join(argv)}\n"
-
-
-def epilog_script(layout: Layout) -> str:
-    """EpilogSlurmctld: one line per finished job; never fails the job."""
-    log = shlex.quote(str(layout.log_dir / "job_end.log"))
-    return (
-        f"#!/bin/sh\n# {HEADER}\n"
-        "printf '%s job=%s auto_resume=%s exit=%s\\n' \"$(date +%s.%N)\" "
-        f'"$SLURM_JOB_ID" "${{SPANK_AUTO_RESUME:-}}" "${{SLURM_JOB_EXIT_CODE2:-}}" >> {log}\n'
-        "exit 0\n"
-    )
 
 
 def unit_dropin(executable: Path, config: Path) -> str:

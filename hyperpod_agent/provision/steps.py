@@ -214,6 +214,8 @@ class CopyFile(File):
 class ManagedBlock(File):
     """Our lines inside a file someone else owns, between BEGIN/END markers, at its end."""
 
+    begin, end = BEGIN, END  # comment lines in the file's own language
+
     def __init__(self, path: Path, block: str, mode: int = 0o644, must_exist: bool = False):
         super().__init__(path, b"", mode)
         self.block, self.must_exist = block, must_exist
@@ -223,12 +225,13 @@ class ManagedBlock(File):
     def desired(self, current: bytes | None) -> bytes:
         text = (current or b"").decode()
         lines = text.splitlines()
-        if BEGIN in lines:
-            start = lines.index(BEGIN)
-            end = lines.index(END, start) if END in lines[start:] else len(lines) - 1
+        if self.begin in lines:
+            start = lines.index(self.begin)
+            end = lines.index(self.end, start) if self.end in lines[start:] else len(lines) - 1
             lines = lines[:start] + lines[end + 1 :]
         kept = "\n".join(lines).rstrip("\n")
-        body = f"{BEGIN}\n{self.block.rstrip(chr(10))}\n{END}\n" if self.block.strip() else ""
+        block = self.block.rstrip(chr(10))
+        body = f"{self.begin}\n{block}\n{self.end}\n" if self.block.strip() else ""
         out = (kept + "\n" if kept else "") + (("\n" if kept and body else "") + body)
         return out.encode()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.localcluster import procs
+from hyperpod_agent.localcluster import drill, procs
 from hyperpod_agent.localcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.slurm
@@ -235,9 +235,16 @@ def test_node_reboot_gives_a_new_boot_time_and_refuses_a_second_at_once(
     assert local_cluster.slurmd_pid("node4") == old_pid
     new_pid = local_cluster.node_reboot("node4")
     assert new_pid != old_pid
+    # The node shows IDLE from before until the new slurmd registers (after its
+    # HealthCheckProgram ran): wait for the new boot time itself.
+    assert before.boot_time is not None
+    boot = before.boot_time
+    drill.wait_for(
+        "node4 registered with a new boot time",
+        30,
+        lambda: (slurm.node("node4").boot_time or boot) > boot,
+    )
     local_cluster.wait_idle(["node4"], timeout=30)
-    after = slurm.node("node4")
-    assert before.boot_time and after.boot_time and after.boot_time > before.boot_time
 
 
 def test_tasks_get_a_per_node_checkpoint_memory_tier(local_cluster: LocalCluster) -> None:

@@ -163,9 +163,13 @@ def test_provisioned_agent_reports_to_provisioned_controller(
     port = free_port()
     params = parameters(local_cluster, root, port)
     head, worker = root / "head", root / "node1"
-    # The controller's slurm.conf gets our include line: give it a copy, never the live one.
+    # The controller's slurm.conf gets our include line: give it a copy, never the live
+    # one. The copy's plugstack file is Slurm's default, next to it (provisioning
+    # refuses a PlugStackConfig elsewhere: its line there would never load).
     (head / "etc/slurm").mkdir(parents=True)
-    shutil.copy(local_cluster.slurm_conf, head / "etc/slurm/slurm.conf")
+    site = local_cluster.slurm_conf.read_text()
+    site = "\n".join(x for x in site.splitlines() if not x.startswith("PlugStackConfig="))
+    (head / "etc/slurm/slurm.conf").write_text(site + "\n")
 
     first = provision(params, "head", head, source, verify=False)
     assert str(first.plan.role) == "controller (group controller)"

@@ -3,15 +3,16 @@
 
 from __future__ import annotations
 
+import pwd
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi import Path as FastApiPath
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from hyperpod_agent.auth.config import AuthError, describe
+from hyperpod_agent.auth.config import AuthError, Identity, describe
 from hyperpod_agent.controller.api import views
-from hyperpod_agent.controller.api.callers import admin_only, identity_of
+from hyperpod_agent.controller.api.callers import identity_of
 from hyperpod_agent.controller.api.models import (
     ERRORS,
     MAX_INT64,
@@ -27,7 +28,26 @@ if TYPE_CHECKING:
     from hyperpod_agent.controller.service import Controller
 
 
+def is_slurm_user(identity: Identity, slurm_user: str) -> bool:
+    """Is the caller slurm.conf's SlurmUser (a Unix identity from munge)?"""
+    if identity.method != "munge" or identity.uid < 0:
+        return False
+    try:
+        return pwd.getpwnam(slurm_user).pw_uid == identity.uid
+    except KeyError:
+        return slurm_user.isdigit() and int(slurm_user) == identity.uid
+
+
 def add_job_routes(app: FastAPI, controller: Controller) -> None:
+    async def admin_or_slurm_user(request: Request) -> None:
+        """Who asks is checked before the body is read. EpilogSlurmctld runs as
+        SlurmUser, which is rarely root or in admin_group: its munge identity may report
+        job ends (and nothing else). A notice only makes the controller look at the job
+        in Slurm at once; it changes nothing by itself."""
+        identity = identity_of(request)
+        if not identity.is_admin and not is_slurm_user(identity, controller.config.slurm_user):
+            raise AuthError("admin or SlurmUser identity required to report a job's end", 403)
+
     """Register the job routes on ``app``."""
 
     def _job_out(
@@ -89,7 +109,7 @@ def add_job_routes(app: FastAPI, controller: Controller) -> None:
         "/v1/jobs/{job_id}/ended",
         response_model=JobEndedOut,
         responses=ERRORS,
-        dependencies=[admin_only("to report a job's end")],
+        dependencies=[Depends(admin_or_slurm_user)],
     )
     def job_ended(
         request: Request,
@@ -98,8 +118,6 @@ def add_job_routes(app: FastAPI, controller: Controller) -> None:
     ) -> JobEndedOut:
         """EpilogSlurmctld: a job ended; an auto-resume job is looked at at once."""
         identity = identity_of(request)
-        if not identity.is_admin:
-            raise AuthError("admin identity required to report a job's end", 403)
         controller.require_leader()
         ended = body or JobEndedIn()
         who = f"EpilogSlurmctld ({describe(identity)})"

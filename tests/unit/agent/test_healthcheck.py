@@ -148,3 +148,58 @@ def test_import_is_light() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == ""
+
+
+# --- --prolog: only a fresh, urgent fault may refuse a job ------------------------------
+
+
+def _prolog(tmp_path: Path, data: dict[str, Any] | None, agent: str = "") -> Any:
+    path = tmp_path / "health.json"
+    if data is not None:
+        path.write_text(json.dumps(data))
+    toml = tmp_path / "agent.toml"
+    toml.write_text(f'cache_path = "{path}"\nnode_name = "node1"\n{agent}')
+    return invoke("--prolog", "--config", str(toml))
+
+
+def _now(verdict: str, **extra: Any) -> dict[str, Any]:
+    return {**cache(verdict, **extra), "generated_at": datetime.now(UTC).isoformat()}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        None,  # the agent never ran: a dead agent must not stop every job
+        cache("faulty", age_s=3600, urgent=True, message="stale fault"),
+        _now("faulty", urgent=False, message="not urgent"),
+        _now("degraded", urgent=True),
+        _now("healthy"),
+    ],
+)
+def test_prolog_lets_the_job_start(tmp_path: Path, data: dict[str, Any] | None) -> None:
+    result = _prolog(tmp_path, data)
+    assert result.exit_code == EXIT_OK, result.output
+    assert "the job may start" in result.output
+
+
+def test_prolog_in_observe_mode_only_says_what_it_would_do(tmp_path: Path) -> None:
+    data = _now("faulty", urgent=True, message="gpu0 xid79")
+    result = _prolog(tmp_path, data, '[controller]\nurl = "http://127.0.0.1:1"\nmode = "observe"\n')
+    assert result.exit_code == EXIT_OK
+    assert "node1: would refuse the job and drain: gpu0 xid79" in result.output
+
+
+def test_prolog_with_an_urgent_fault_and_no_slurm_lets_the_job_start(tmp_path: Path) -> None:
+    """Slurm not answering (here: a slurm.conf naming no controller) is no reason to stop
+    jobs: the gate only refuses after its drain went through."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=none\nSlurmctldHost=nohost(127.0.0.1)\nSlurmctldPort=1\n")
+    agent = f'slurm_conf = "{conf}"\n'
+    result = _prolog(tmp_path, _now("faulty", urgent=True, message="gpu0 xid79"), agent)
+    assert result.exit_code == EXIT_OK
+    assert "node1: cannot drain" in result.output and "job starts" in result.output
+
+
+def test_prolog_on_a_node_without_agent_config_lets_the_job_start(tmp_path: Path) -> None:
+    result = invoke("--prolog", "--config", str(tmp_path / "no-agent.toml"))
+    assert result.exit_code == EXIT_OK and "the job may start" in result.output

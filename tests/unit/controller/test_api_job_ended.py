@@ -94,3 +94,23 @@ def test_jobs_show_resumed_from_step(api: Api) -> None:
     [listed] = api.get("/v1/jobs").json()
     assert listed["resumed_from_step"] == 1500
     assert api.get("/v1/jobs/7").json()["resumed_from_step"] == 1500
+
+
+def test_slurm_user_may_report_job_ends_and_nobody_else_unprivileged() -> None:
+    """EpilogSlurmctld runs as SlurmUser, usually neither root nor in admin_group."""
+    import pwd
+
+    from hyperpod_agent.auth.config import Identity
+    from hyperpod_agent.controller.api.jobs import is_slurm_user
+
+    nobody = pwd.getpwnam("nobody").pw_uid
+
+    def munge(uid: int) -> Identity:
+        return Identity(uid=uid, gid=uid, node=None, is_admin=False, method="munge")
+
+    assert is_slurm_user(munge(nobody), "nobody")
+    assert is_slurm_user(munge(nobody), str(nobody))  # SlurmUser given as a uid
+    assert not is_slurm_user(munge(nobody), "root")
+    assert not is_slurm_user(munge(nobody), "no-such-user-here")
+    token = Identity(uid=-1, gid=-1, node=None, is_admin=False, method="token")
+    assert not is_slurm_user(token, "nobody")

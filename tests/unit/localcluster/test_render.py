@@ -1,4 +1,3 @@
-import sys
 from pathlib import Path
 
 from hyperpod_agent.localcluster import render
@@ -18,16 +17,24 @@ def test_names_and_ports() -> None:
     assert s.ports == [17000, 17011, 17012, 17013, 17014, 17015]
 
 
-def test_slurm_conf_has_the_hooks_later_parts_need() -> None:
+def test_slurm_conf_is_what_the_machine_and_site_have() -> None:
     conf = render.slurm_conf(shape(cred_expire=7, slurmd_timeout=2), "head")
     assert "AuthInfo=socket=/x/c/munge/munge.sock,cred_expire=7" in conf
     assert "SlurmdTimeout=2" in conf
     assert "PlugStackConfig=/x/c/etc/plugstack.conf" in conf
-    assert "JobSubmitPlugins=lua" in conf
     assert "RebootProgram=/x/c/hooks/reboot.sh" in conf
-    assert "EpilogSlurmctld=/x/c/hooks/epilog_ctld.sh" in conf
-    assert "permit_job_expansion" in conf
     assert "/etc/slurm" not in conf and "/etc/munge" not in conf
+    # hyperpod's part comes from provisioning's include (localcluster/provisioned.py)
+    for ours in ("JobSubmitPlugins", "EpilogSlurmctld", "\nProlog=", "permit_job_expansion"):
+        assert ours not in conf
+
+
+def test_site_hooks_give_the_site_its_own_programs() -> None:
+    conf = render.slurm_conf(Shape(Path("/x/c"), 2, 0, 17000, site_hooks=True), "head")
+    assert "HealthCheckProgram=/x/c/site/nhc.sh" in conf
+    assert "Prolog=/x/c/site/prolog.sh" in conf
+    assert "EpilogSlurmctld=/x/c/site/epilog_ctld.sh" in conf
+    assert "JobSubmitPlugins=lua" in conf
 
 
 def test_spares_are_in_the_partition_but_drained() -> None:
@@ -43,15 +50,20 @@ def test_no_spares() -> None:
     assert "hyperpod:spare" not in conf
 
 
-def test_plugstack_loads_the_plugin_with_strict_arguments() -> None:
-    line = render.plugstack_conf(shape())
-    assert line.startswith("required /x/c/lib/auto_resume.so ")
-    assert "statedir=/x/c/autoresume" in line
-    assert "step_helper=" not in line  # no controller to ask
-    # with the services an srun --auto-resume inside a job hands over to this Python's
-    # hyperpod command
-    helper = f"step_helper={Path(sys.executable).parent / 'hyperpod'}"
-    assert helper in render.plugstack_conf(shape(), services=True).split()
+def test_plugstack_line_is_provisionings_with_per_node_roots(tmp_path: Path) -> None:
+    from hyperpod_agent.localcluster import provisioned
+    from hyperpod_agent.provision import render as provision_render
+
+    for step_retry in (False, True):
+        params = provisioned.parameters(shape(), step_retry)
+        lay = provisioned.Layout.for_params(params, Path("/x/c"))
+        line = provision_render.plugstack_line(params, lay)
+        assert line.startswith("required /x/c/lib/auto_resume.so ")
+        assert "statedir=/x/c/autoresume" in line
+        assert "progress_root=/dev/shm/hyperpod-local-17000-progress/%n" in line
+        # without services there is no controller to ask
+        helper = "step_helper=/x/c/opt/hyperpod/venv/bin/hyperpod"
+        assert (helper in line.split()) == step_retry
 
 
 def test_reboot_program_detaches_and_quotes() -> None:

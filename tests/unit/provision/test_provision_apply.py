@@ -23,7 +23,7 @@ from provision_support import (
     tree,
 )
 
-from hyperpod_agent.provision import render
+from hyperpod_agent.provision import hooks, render
 from hyperpod_agent.provision.apply import Retry, apply_plan, with_retry
 from hyperpod_agent.provision.commands import Mount, SystemdEnable
 from hyperpod_agent.provision.load import parse_parameters
@@ -59,6 +59,7 @@ DIRS = {
     "var/log/hyperpod/provision.log": "file 0644",
     "opt/hyperpod/lib/auto_resume.so": "file 0755",
     "opt/hyperpod/libexec/health-check": "file 0755",
+    "opt/hyperpod/libexec/prolog": "file 0755",
     "etc/slurm/plugstack.conf": "file 0644",
 }
 WANTS = "etc/systemd/system/multi-user.target.wants"
@@ -103,7 +104,7 @@ def test_worker_writes_exactly_its_files(
         "etc/systemd/system/hyperpod-agent.service.d/provision.conf": "file 0644",
         f"{WANTS}/hyperpod-agent.service": "link -> ../hyperpod-agent.service",
     }
-    assert result.summary() == "node1: worker (group gpu): 16 of 17 steps changed"
+    assert result.summary() == "node1: worker (group gpu): 17 of 18 steps changed"
     agent = (prefix / "etc/hyperpod/agent.toml").read_text()
     assert f'cache_path = "{prefix}/run/hyperpod/health.json"' in agent
     assert 'node_name = "node1"' in agent and "expected_count = 8" in agent
@@ -125,7 +126,7 @@ def test_worker_writes_exactly_its_files(
     )
     log = (prefix / "var/log/hyperpod/provision.log").read_text()
     assert "provisioning node1 as worker (group gpu)" in log
-    assert "16 of 17 steps changed" in log
+    assert "17 of 18 steps changed" in log
 
 
 def test_second_run_changes_nothing(params: dict[str, Any], prefix: Path, source: Path) -> None:
@@ -133,7 +134,7 @@ def test_second_run_changes_nothing(params: dict[str, Any], prefix: Path, source
     before = {p: p.stat().st_mtime_ns for p in prefix.rglob("*") if not p.is_symlink()}
     again = apply_plan(plan_for(params, "node1", prefix, source), verify=False)
     assert again.changed == []
-    assert again.summary() == "node1: worker (group gpu): no changes (17 steps already as desired)"
+    assert again.summary() == "node1: worker (group gpu): no changes (18 steps already as desired)"
     after = {p: p.stat().st_mtime_ns for p in prefix.rglob("*") if not p.is_symlink()}
     changed = {p for p in before if before[p] != after[p]}
     assert changed <= {prefix / "var/log/hyperpod/provision.log", prefix / "var/log/hyperpod"}
@@ -143,7 +144,7 @@ def test_dry_run_writes_nothing(params: dict[str, Any], prefix: Path, source: Pa
     result = apply_plan(plan_for(params, "node1", prefix, source), dry_run=True)
     assert not prefix.exists()
     assert not (source / "spank_plugin/auto_resume.so").exists()
-    assert len(result.changed) == 16
+    assert len(result.changed) == 17
     assert all(o.status == "would change" for o in result.changed)
     agent = next(o for o in result.outcomes if o.name.endswith("agent.toml"))
     assert agent.change is not None and '+node_name = "node1"' in agent.change.diff
@@ -217,12 +218,16 @@ def test_controller_writes_exactly_its_files(
         f"{WANTS}/hyperpod-controller.service": "link -> ../hyperpod-controller.service",
     }
     unchanged = [o.name for o in result.outcomes if o.status == "unchanged"]
-    assert unchanged == [f"directory {prefix}/etc/slurm", f"block in {prefix}/etc/fstab"]
+    assert unchanged == [
+        f"directory {prefix}/etc/slurm",
+        f"block in {prefix}/etc/fstab",
+        f"site {prefix}/etc/slurm/slurm.conf",
+    ]
     assert (prefix / "etc/slurm/slurm.conf").read_text() == (
         f"ClusterName=test\nJobSubmitPlugins=\n\n{BEGIN}\n"
         f"include {prefix}/etc/slurm/hyperpod.conf\n{END}\n"
     )
-    assert (prefix / "etc/slurm/job_submit.lua").read_text() == render.JOB_SUBMIT
+    assert (prefix / "etc/slurm/job_submit.lua").read_text() == hooks.JOB_SUBMIT
     controller = (prefix / "etc/hyperpod/controller.toml").read_text()
     assert 'listen_host = "127.0.0.1"' in controller and "listen_port = 28899" in controller
     assert (prefix / "etc/systemd/system/hyperpod-controller.service").read_text() == (
@@ -261,22 +266,30 @@ def test_controller_needs_slurm_conf(params: dict[str, Any], prefix: Path, sourc
     with pytest.raises(StepFailed) as info:
         apply_plan(plan_for(params, "head", prefix, source), verify=False)
     assert str(info.value) == (
-        f"head: step 'block in {prefix}/etc/slurm/slurm.conf' failed: "
+        f"head: step 'site {prefix}/etc/slurm/slurm.conf' failed: "
         f"{prefix}/etc/slurm/slurm.conf: no such file (Slurm must be configured first)"
     )
     log = (prefix / "var/log/hyperpod/provision.log").read_text()
-    assert "ERROR block in" in log
+    assert f"ERROR site {prefix}/etc/slurm/slurm.conf" in log
 
 
-def test_foreign_job_submit_lua_is_not_overwritten(
+def test_site_job_submit_lua_gets_ours_chained_in_front(
     params: dict[str, Any], prefix: Path, source: Path
 ) -> None:
     (prefix / "etc/slurm").mkdir(parents=True)
-    (prefix / "etc/slurm/slurm.conf").write_text("ClusterName=test\n")
-    (prefix / "etc/slurm/job_submit.lua").write_text("-- the site's own\n")
-    with pytest.raises(StepFailed, match="job_submit.lua exists and was not written by hyperpod"):
-        apply_plan(plan_for(params, "head", prefix, source), verify=False)
-    assert (prefix / "etc/slurm/job_submit.lua").read_text() == "-- the site's own\n"
+    (prefix / "etc/slurm/slurm.conf").write_text("ClusterName=test\nJobSubmitPlugins=pbs\n")
+    site = "function slurm_job_submit(job_desc, part_list, submit_uid)\n  return 0\nend\n"
+    (prefix / "etc/slurm/job_submit.lua").write_text(site)
+    apply_plan(plan_for(params, "head", prefix, source), verify=False)
+    text = (prefix / "etc/slurm/job_submit.lua").read_text()
+    # The site's file stays, byte for byte, with our block after it.
+    assert text.startswith(site)
+    assert text.count("local hyperpod_site_job_submit = slurm_job_submit") == 1
+    assert "JobSubmitPlugins=pbs,lua" in (prefix / "etc/slurm/hyperpod.conf").read_text()
+    # A second run replaces the block instead of chaining ours to itself.
+    again = apply_plan(plan_for(params, "head", prefix, source), verify=False)
+    assert again.changed == []
+    assert (prefix / "etc/slurm/job_submit.lua").read_text() == text
 
 
 def test_login_writes_exactly_its_files(params: dict[str, Any], prefix: Path, source: Path) -> None:

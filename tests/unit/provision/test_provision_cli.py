@@ -114,11 +114,11 @@ def test_apply_twice_then_no_changes(
     first = invoke(*args)
     assert first.exit_code == 0, first.output
     assert f"changed: file {prefix}/etc/hyperpod/agent.toml: create (mode 0644)" in first.output
-    assert first.output.splitlines()[-1] == "node2: worker (group gpu): 16 of 17 steps changed"
+    assert first.output.splitlines()[-1] == "node2: worker (group gpu): 17 of 18 steps changed"
     second = invoke(*args)
     assert second.exit_code == 0
     assert second.output == (
-        "node2: worker (group gpu): no changes (17 steps already as desired)\n"
+        "node2: worker (group gpu): no changes (18 steps already as desired)\n"
     )
 
 
@@ -141,7 +141,7 @@ def test_apply_dry_run_prints_diffs_and_writes_nothing(
     assert f"+++ {prefix}/etc/hyperpod/agent.toml (desired)" in result.output
     assert '+node_name = "node2"' in result.output
     assert result.output.splitlines()[-1] == (
-        "node2: worker (group gpu): 16 of 17 steps would change"
+        "node2: worker (group gpu): 17 of 18 steps would change"
     )
     assert tree(prefix) == {}
 

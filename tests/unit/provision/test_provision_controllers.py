@@ -133,7 +133,7 @@ def test_single_head_files_are_byte_identical() -> None:
     assert [c.name for c in plan(data, "head").checks] == [
         "verify: controller answers http://head:8787/v1/healthz"
     ]
-    assert len(plan(data, "head").steps) == 21
+    assert len(plan(data, "head").steps) == 24
 
 
 def test_one_url_in_a_list_is_the_single_form() -> None:
@@ -186,11 +186,6 @@ def test_url_and_urls_together() -> None:
     ("urls", "why"),
     [
         (["http://head1:8787"], "controller_urls: 2 controller nodes need one URL each, got 1"),
-        (
-            ["http://head1:8787", "http://head2:8788"],
-            "controller_urls: every controller listens on one port (their controller.toml is "
-            "the same), got 8787 and 8788",
-        ),
         (
             ["http://head1:8787", "http://head1:8787/"],
             "controller_urls: http://head1:8787 is listed twice",
@@ -534,3 +529,13 @@ def test_documented_parameters_are_valid(doc: str, after: str) -> None:
     params = parse_parameters(data, SRC)
     assert len(params.controller.nodes) == len(params.urls()) == 2
     assert params.controller_store is not None
+
+
+def test_each_head_listens_on_its_own_urls_port() -> None:
+    """controller_urls pairs with controller.nodes: two heads on one host (or behind
+    one name) need two ports, and each controller.toml names its own."""
+    data = two_heads(controller_urls=["http://head1:8787", "http://head2:8788"])
+    one = tomllib.loads(files(plan(data, "head1"))["controller.toml"])
+    two = tomllib.loads(files(plan(data, "head2"))["controller.toml"])
+    assert (one["listen_port"], two["listen_port"]) == (8787, 8788)
+    assert (one["ha"]["controller_id"], two["ha"]["controller_id"]) == ("head1:8787", "head2:8788")

@@ -76,10 +76,10 @@ def test_on_create_twice_then_no_changes(
     ]
     first = on_create(hyperpod_path, *args)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.splitlines()[-1] == "node3: worker (group gpu): 16 of 17 steps changed"
+    assert first.stdout.splitlines()[-1] == "node3: worker (group gpu): 17 of 18 steps changed"
     second = on_create(hyperpod_path, *args)
     assert second.returncode == 0, second.stderr
-    assert second.stdout == "node3: worker (group gpu): no changes (17 steps already as desired)\n"
+    assert second.stdout == "node3: worker (group gpu): no changes (18 steps already as desired)\n"
 
 
 def test_on_create_dry_run_writes_nothing(

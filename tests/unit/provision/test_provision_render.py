@@ -132,31 +132,6 @@ def test_plugstack_line_names_the_plugin_explicitly() -> None:
     assert "*" not in line
 
 
-def test_hyperpod_conf() -> None:
-    p = params(slurm={"health_check_interval": 30, "cred_expire": 20})
-    assert render.hyperpod_conf(p, layout()).splitlines()[1:] == [  # type: ignore[arg-type]
-        "HealthCheckProgram=/p/opt/hyperpod/libexec/health-check",
-        "HealthCheckInterval=30",
-        "HealthCheckNodeState=ANY",
-        "RebootProgram=/usr/sbin/reboot",
-        "JobSubmitPlugins=lua",
-        "EpilogSlurmctld=/p/opt/hyperpod/libexec/epilog-slurmctld",
-        "AuthInfo=cred_expire=20",
-    ]
-
-
-def test_job_submit_copies_auto_resume_to_admin_comment() -> None:
-    assert "AUTO_RESUME=(%d+)$" in render.JOB_SUBMIT
-    assert 'job_desc.admin_comment = "auto_resume=" .. value' in render.JOB_SUBMIT
-    assert render.JOB_SUBMIT_MARKER in render.JOB_SUBMIT
-
-
-def test_health_check_wrapper_passes_the_agent_config() -> None:
-    assert render.health_check_script(layout()).splitlines()[-1] == (
-        "exec /p/opt/hyperpod/venv/bin/hyperpod health-check --config /p/etc/hyperpod/agent.toml"
-    )
-
-
 def test_fstab_block() -> None:
     p = params(
         mounts=[
@@ -181,3 +156,25 @@ def test_admin_config_carries_the_auth_mode() -> None:
         "controller": {"url": "http://127.0.0.1:28899"},
         "auth": {"mode": "none"},
     }
+
+
+def test_node_overrides_apply_to_their_node_only() -> None:
+    data = base_params()
+    data["agent_overrides"] = {"cycle_s": 5.0}
+    data["node_overrides"] = {"node1": {"probes": {"gpu": {"expected_count": 4}}}}
+    p = parse_parameters(data, "params.json")
+    group = p.worker_groups[0]
+    one = render.agent_config_data(p, "node1", group, layout())
+    two = render.agent_config_data(p, "node2", group, layout())
+    assert one["probes"]["gpu"]["expected_count"] == 4 and one["cycle_s"] == 5.0
+    assert two["probes"]["gpu"]["expected_count"] == 8 and two["cycle_s"] == 5.0
+
+
+def test_node_overrides_name_a_worker_and_are_validated() -> None:
+    data = base_params()
+    data["node_overrides"] = {"nosuch": {}}
+    with pytest.raises(Exception, match="node_overrides: nosuch is not a node of a worker"):
+        parse_parameters(data, "params.json")
+    data["node_overrides"] = {"node1": {"cycle_s": "soon"}}
+    with pytest.raises(Exception, match=r"node_overrides\.node1\.cycle_s"):
+        parse_parameters(data, "params.json")
