@@ -152,6 +152,9 @@ class RankProgress(Tolerant):
     pause_reason: str = Field(default="", max_length=56)
     pause_since: float | None = Field(default=None, ge=0)
     window: int = Field(default=0, ge=0, le=1024, description="step durations summarised")
+    # median_s: of the rank's compute times when it records them (progress.step's
+    # compute_s), else of its step durations; the straggler judgement reads it. p95_s
+    # and last_s are always step durations (the hang judgement reads p95_s).
     median_s: float | None = _seconds()
     p95_s: float | None = _seconds()
     last_s: float | None = _seconds()

@@ -338,6 +338,14 @@ def _is_link(dir_fd: int, name: str) -> bool:
 
 def _summary(record: pf.Record, state: str) -> RankProgress:
     window, median, p95, last = summarise(record.durations)
+    # A rank that records its compute time (progress.step(n, compute_s=...)) is judged
+    # by it: in a synchronous job every rank's step lasts as long as the slowest's, and
+    # median_s is what the controller compares ranks by (p95_s, the hang model, stays
+    # the step time). It travels in median_s because the 0.1.0 controller refuses a
+    # report with a field it does not know (docs/progress.md, "Stragglers").
+    busy, busy_median, _, _ = summarise(record.compute)
+    if busy_median is not None and 2 * busy >= len(record.compute):
+        median = busy_median
     return RankProgress(
         rank=record.rank,
         pid=record.pid,

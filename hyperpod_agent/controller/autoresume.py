@@ -31,6 +31,24 @@ log = logging.getLogger(__name__)
 
 MAX_CAP = 1000  # the SPANK option's upper bound
 
+# The application's own word, as NVIDIA resiliency-ext's in-job restart spells it: a
+# job or step ending with one of these is not run again, whatever its nodes show.
+NO_RESTART_EXITS = {
+    93: "the application asked not to restart",
+    130: "a clean stop (SIGINT)",
+}
+SIGINT = 2
+
+
+def no_restart(job: Job) -> int | None:
+    """93 or 130 when the ended ``job`` said not to run it again, else None. A batch
+    script killed by SIGINT shows as exit 0 with signal 2 in Slurm: that is 130."""
+    if job.exit_code in NO_RESTART_EXITS:
+        return job.exit_code
+    if job.extra.get("exit_signal") == str(SIGINT):
+        return 128 + SIGINT
+    return None
+
 
 def cap_of(job: Job, snap: Snapshot, default_attempts: int) -> int | None:
     """The job's retry budget, or None when it did not opt in."""
@@ -310,6 +328,11 @@ def _judge(
         and job.restart_count <= tracked.acted_restart_count
     ):
         return None  # this failure was already requeued; Slurm has not caught up
+    code = no_restart(job) if job.state.upper() == "FAILED" else None
+    if code is not None:
+        if tracked is None or tracked.state != "failed":
+            return _not_retried(job, cap, config, code)
+        return None
     cause = _cause(job, snap, config, now, urgent_nodes, faults, hung)
     if cause is None:
         if job.state.upper() == "FAILED" and (tracked is None or tracked.state != "failed"):
@@ -341,15 +364,21 @@ def _judge(
     return cause, cap, attempts
 
 
-def _not_retried(job: Job, cap: int, config: ControllerConfig) -> PlannedAction:
+def _not_retried(
+    job: Job, cap: int, config: ControllerConfig, code: int | None = None
+) -> PlannedAction:
     """A failure on healthy nodes: said once per failure, and still requeued should a
-    fault on its nodes turn up within ``fault_window_s``."""
+    fault on its nodes turn up within ``fault_window_s``. With ``code`` (93, 130): the
+    application's own stop, never requeued."""
     window = config.auto_resume.fault_window_s
-    cause = (
-        f"job failed (exit {job.exit_code}) on healthy nodes {','.join(job.nodes) or '-'}; "
-        f"retry_on=node_fault: not requeued (a fault found on its nodes within "
-        f"{window:g} s of the failure would still requeue it)"
-    )
+    if code is not None:
+        cause = f"job ended with exit {code}: {NO_RESTART_EXITS[code]}; not requeued"
+    else:
+        cause = (
+            f"job failed (exit {job.exit_code}) on healthy nodes "
+            f"{','.join(job.nodes) or '-'}; retry_on=node_fault: not requeued (a fault "
+            f"found on its nodes within {window:g} s of the failure would still requeue it)"
+        )
     return PlannedAction(
         Kind.NOT_RETRIED,
         None,

@@ -5,6 +5,6 @@ in writer.py; the record's layout is in format.py, and how a record is made safe
 record.py. docs/progress.md has the whole contract.
 """
 
-from hyperpod_agent.progress.writer import close, path, pause, paused, resume, step
+from hyperpod_agent.progress.writer import close, path, pause, paused, resume, section, step
 
-__all__ = ["close", "path", "pause", "paused", "resume", "step"]
+__all__ = ["close", "path", "pause", "paused", "resume", "section", "step"]

@@ -26,8 +26,15 @@ Layout (little-endian, ``SIZE`` bytes)::
     128 d   hang_factor override (0: the controller's)
     136 d   hang_min_s override (0: the controller's)
     144 I   durations recorded in total
-    148 I   (reserved)
+    148 I   compute_total: durations recorded with a compute time, in total (0: none ever)
     152 128f ring of the latest step durations (s); slot = (total - 1) % RING
+    664 64f ring of the compute times of the latest steps (s), beside their durations:
+            slot = (total - 1) % COMPUTE_RING; NaN for a step recorded without one
+
+The compute figures came after the first layout and sit where it keeps nothing (its
+reserved word, zero, and bytes past its ring, zero): the version is still 1, a reader of
+the first layout ignores them, and a record of the first writer reads as one without
+compute times (``compute_total`` 0).
 """
 
 from __future__ import annotations
@@ -58,8 +65,14 @@ TOTAL_OFFSET = 144
 DURATION = struct.Struct("<f")
 RING_OFFSET = 152
 RING_STRUCT = struct.Struct(f"<{RING}f")
+COMPUTE_TOTAL = struct.Struct("<I")
+COMPUTE_TOTAL_OFFSET = 148
+COMPUTE_RING = 64  # what is left of SIZE holds 90 floats: the newest 64 steps
+COMPUTE = struct.Struct("<f")
+COMPUTE_RING_OFFSET = RING_OFFSET + RING_STRUCT.size
+COMPUTE_RING_STRUCT = struct.Struct(f"<{COMPUTE_RING}f")
 
-assert RING_OFFSET + RING_STRUCT.size <= SIZE
+assert COMPUTE_RING_OFFSET + COMPUTE_RING_STRUCT.size <= SIZE
 
 
 def root() -> Path:
@@ -89,6 +102,10 @@ class Record:
     hang_min_s: float
     total: int
     durations: tuple[float, ...]  # the ring's filled slots, oldest first
+    # The compute time of each of the newest min(total, COMPUTE_RING) durations, oldest
+    # first, NaN where the step had none; () when the rank never recorded one.
+    compute: tuple[float, ...] = ()
+    compute_total: int = 0
 
 
 class FormatError(ValueError):
@@ -118,6 +135,8 @@ def decode(data: bytes) -> Record:
     else:
         start = total % RING
         durations = ring[start:] + ring[:start]
+    (compute_total,) = COMPUTE_TOTAL.unpack_from(data, COMPUTE_TOTAL_OFFSET)
+    compute = _compute(data, total) if compute_total else ()
     try:
         text = reason.rstrip(b"\0").decode("ascii")
     except UnicodeDecodeError as exc:
@@ -136,4 +155,15 @@ def decode(data: bytes) -> Record:
         hang_min_s=floor,
         total=total,
         durations=tuple(durations),
+        compute=compute,
+        compute_total=compute_total,
     )
+
+
+def _compute(data: bytes, total: int) -> tuple[float, ...]:
+    """The compute ring's slots of the newest min(total, COMPUTE_RING) steps, oldest first."""
+    ring = COMPUTE_RING_STRUCT.unpack_from(data, COMPUTE_RING_OFFSET)
+    if total <= COMPUTE_RING:
+        return ring[:total]
+    start = total % COMPUTE_RING
+    return ring[start:] + ring[:start]

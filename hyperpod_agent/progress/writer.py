@@ -8,6 +8,10 @@
     with progress.paused("evaluation"):
         evaluate()                   # a phase without steps is not a hang
 
+In a synchronous job (DDP), wrap what a rank computes, not its collectives, in
+``with progress.section("compute"):`` (or pass ``progress.step(n, compute_s=...)``): the
+controller tells a straggler by that time, as every rank's step takes the slowest's.
+
 The record is ``<root>/<SLURM_JOB_ID>/<rank>.prog`` (progress/format.py has the layout),
 made on the first call and then updated in place through a shared mapping under a
 seqlock. Outside a Slurm job, or when the record cannot be made safely, every call does
@@ -20,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import math
 import mmap
 import operator
 import os
@@ -53,6 +58,10 @@ _STEP, _STEP_AT = struct.Struct("<qd"), fmt.STATE_OFFSET + struct.calcsize("<Id"
 _PAUSE, _PAUSE_AT = struct.Struct(f"<d{fmt.REASON_LEN}s"), _STEP_AT + struct.calcsize("<qd")
 _pack_step = _STEP.pack_into
 _pack_duration, _pack_total = fmt.DURATION.pack_into, fmt.TOTAL.pack_into
+_pack_compute, _pack_compute_total = fmt.COMPUTE.pack_into, fmt.COMPUTE_TOTAL.pack_into
+_NO_COMPUTE = bytes(fmt.COMPUTE_RING_STRUCT.pack(*[math.nan] * fmt.COMPUTE_RING))
+MAX_COMPUTE_S = 7 * 86400.0  # a compute time beyond a week is not one
+COMPUTE = "compute"  # the one section the record keeps
 _monotonic, _time = time.monotonic, time.time
 
 
@@ -75,8 +84,12 @@ class _Writer:
         self.pause_t0 = 0.0
         self.pause_at = 0.0
         self.reasons: list[bytes] = []  # innermost last
+        # Compute time of the step under way: what sections measured so far, and
+        # whether any did (a step with a section of 0 s still has a compute time).
+        self.computed, self.in_section = 0.0, False
+        self.compute_total = 0  # steps recorded with a compute time (0: ring unused)
 
-    def record(self, n: int) -> None:
+    def record(self, n: int, compute_s: float | None = None) -> None:
         if isinstance(n, bool):
             raise TypeError("a bool is not a step")
         n = operator.index(n)  # NumPy integers too; a float or a str raises
@@ -84,6 +97,9 @@ class _Writer:
             raise ValueError(f"step {n} is outside 0..2**62")
         with self.lock:
             now = _monotonic()
+            if self.in_section:
+                compute_s = self.computed + (compute_s or 0.0)
+                self.computed, self.in_section = 0.0, False
             m, seq, seq_view = self.map, self.seq, self.seq_view
             seq_view[0] = (seq + 1) & _MASK
             _pack_step(m, _STEP_AT, n, _time())
@@ -95,11 +111,29 @@ class _Writer:
                     total -= _TOTAL_WRAP
                 slot = fmt.RING_OFFSET + fmt.DURATION.size * ((total - 1) % fmt.RING)
                 _pack_duration(m, slot, now - self.since_step)
+                if compute_s is not None or self.compute_total:
+                    self._write_compute(total, compute_s)
                 _pack_total(m, fmt.TOTAL_OFFSET, total)
                 self.total = total
             self.seq = (seq + 2) & _MASK
             seq_view[0] = self.seq
             self.step, self.since_step = n, now
+
+    def _write_compute(self, total: int, compute_s: float | None) -> None:
+        """The step's compute time beside its duration (NaN: none), inside a write."""
+        m = self.map
+        if not self.compute_total:  # first use: no slot may read as a 0 s compute
+            m[fmt.COMPUTE_RING_OFFSET : fmt.COMPUTE_RING_OFFSET + len(_NO_COMPUTE)] = _NO_COMPUTE
+        slot = fmt.COMPUTE_RING_OFFSET + fmt.COMPUTE.size * ((total - 1) % fmt.COMPUTE_RING)
+        _pack_compute(m, slot, math.nan if compute_s is None else compute_s)
+        if compute_s is not None:
+            self.compute_total = (self.compute_total + 1) & _MASK or 1
+            _pack_compute_total(m, fmt.COMPUTE_TOTAL_OFFSET, self.compute_total)
+
+    def add_compute(self, seconds: float) -> None:
+        with self.lock:
+            self.computed += seconds
+            self.in_section = True
 
     def pause(self, reason: str) -> None:
         text = str(reason).encode("ascii", "replace")[: fmt.REASON_LEN].translate(_PRINTABLE)
@@ -146,7 +180,10 @@ class _Off:
     def __init__(self, final: bool = False) -> None:
         self.final = final
 
-    def record(self, n: int) -> None:
+    def record(self, n: int, compute_s: float | None = None) -> None:
+        pass
+
+    def add_compute(self, seconds: float) -> None:
         pass
 
     def pause(self, reason: str) -> None:
@@ -164,18 +201,55 @@ _active: _Writer | _Off | None = None  # None: not yet started
 _said: set[str] = set()  # what was logged already
 
 
-def step(n: int) -> None:
+def step(n: int, compute_s: float | None = None) -> None:
     """Record that this rank finished step ``n`` (an int in 0..2**62) now.
 
     The time since the previous step, less any paused phase between, goes into the
     record's ring of durations; the first step of a process and a step that does not
-    grow (a restart from a checkpoint) are recorded without one. Never raises: a bad
-    ``n`` is logged once and ignored.
+    grow (a restart from a checkpoint) are recorded without one. ``compute_s``: the
+    seconds of that step this rank spent computing, without waiting for other ranks
+    in collectives (added to what ``section("compute")`` measured since the last
+    step); in a synchronous job it is what tells a slow rank from the ranks waiting for
+    it. Never raises: a bad ``n`` is logged once and ignored, a bad ``compute_s``
+    (negative, not finite, not a number) is logged once and the step recorded without.
     """
+    if compute_s is not None:
+        compute_s = _compute_seconds(compute_s)
     try:
-        (_active or _start()).record(n)
+        (_active or _start()).record(n, compute_s)
     except Exception as exc:  # noqa: BLE001 - a training loop must not die of this
         _say_once("step", "progress.step(%r) ignored: %s", n, exc)
+
+
+def _compute_seconds(value: object) -> float | None:
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        seconds = float(value)
+        if 0.0 <= seconds <= MAX_COMPUTE_S:  # NaN fails too
+            return seconds
+    _say_once("compute", "progress.step(compute_s=%r) ignored: expected seconds >= 0", value)
+    return None
+
+
+@contextlib.contextmanager
+def section(name: str) -> Iterator[None]:
+    """``with progress.section("compute"):`` adds the block's time to this rank's
+    compute time of the step under way, even if it raises (see ``step``). Wrap the
+    forward and backward passes and the optimizer step, not the collectives: the time
+    a rank waits for the others is what a straggler's peers spend, not the straggler.
+    "compute" is the one section recorded; another name is logged once and times
+    nothing. Never raises."""
+    if name != COMPUTE:
+        _say_once("section", "progress.section(%r) ignored: only 'compute' is recorded", name)
+        yield
+        return
+    t0 = _monotonic()
+    try:
+        yield
+    finally:
+        try:
+            (_active or _start()).add_compute(_monotonic() - t0)
+        except Exception as exc:  # noqa: BLE001
+            _say_once("section", "progress.section(%r) ignored: %s", name, exc)
 
 
 def pause(reason: str) -> None:

@@ -31,7 +31,10 @@ summary of its recent step times (``JobProgress``). Per running job:
   fault) may take a node out (``Hang.shown``); a step number is what the job's records
   say, written by the job's user, and only names the node.
 - **Straggler**: a node whose ranks' median step time exceeds the median of the other
-  nodes' by ``straggler_threshold``, over at least ``straggler_min_steps`` steps.
+  nodes' by ``straggler_threshold``, over at least ``straggler_min_steps`` steps. A rank
+  that records its compute time reports the median of that instead (the agent's
+  summary, ``RankProgress.median_s``): in a synchronous job every rank's step lasts as
+  long as the slowest's, and only compute time tells the slow one.
 
 Only records the agent checked against the job's user count (``JobProgress.uid`` equal
 to the job's uid in Slurm, where Slurm shows it). Ranks whose last activity is older

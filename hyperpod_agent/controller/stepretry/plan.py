@@ -8,7 +8,7 @@ for that node: a ready spare in the job's own partitions, a job that did not nam
 nodes, an in-place budget left, and room under the cluster's limits. A node fault that
 cannot be mended in place falls back to the job-level requeue (REQUEUE); anything else
 is the application's (FAIL): the step failed on healthy nodes, said "do not restart"
-(exit 93), was cancelled, or the job did not opt in.
+(exit 93) or stopped cleanly (exit 130), was cancelled, or the job did not opt in.
 
 Nothing here comes from the step's helper but its exit code, its attempt and whether
 it saw the step cancelled: the step's nodes and start are what Slurm said (api/steps.py),
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from hyperpod_agent.controller import safety
-from hyperpod_agent.controller.autoresume import cap_of, required_nodes
+from hyperpod_agent.controller.autoresume import NO_RESTART_EXITS, cap_of, required_nodes
 from hyperpod_agent.controller.config import AutoResumeConfig, ControllerConfig
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
@@ -34,6 +34,7 @@ from hyperpod_agent.slurm.models import Job
 
 # NVIDIA resiliency-ext's in-job restart: a rank exiting with this asks not to be restarted.
 DO_NOT_RESTART = 93
+CLEAN_STOP = 130  # the same convention's clean stop (SIGINT): not a failure to mend
 
 
 class Outcome(enum.StrEnum):
@@ -153,10 +154,9 @@ def decide_step(
         return StepPlan(Outcome.FAIL, "auto-resume is disabled on this cluster")
     if failure.cancelled:
         return StepPlan(Outcome.FAIL, f"step {failure.step_id} was cancelled")
-    if failure.exit_code == DO_NOT_RESTART:
-        return StepPlan(
-            Outcome.FAIL, f"exit {DO_NOT_RESTART}: the application asked not to restart"
-        )
+    if failure.exit_code in NO_RESTART_EXITS:  # DO_NOT_RESTART, CLEAN_STOP
+        code = failure.exit_code
+        return StepPlan(Outcome.FAIL, f"exit {code}: {NO_RESTART_EXITS[code]}")
     # A fault the node was over before this launch began did not end it.
     since = max(now - ar.fault_window_s, failure.started_at or 0.0)
     found = {n: why for n in failure.nodes if (why := attributable(n, snap, since))}
