@@ -13,6 +13,9 @@
   is the agent's configuration, not the node's health (typically ``NodeHostname``
   differs from ``NodeName`` and ``node_name`` was left at the host name): a reboot
   cannot mend it, so it is a configuration finding that never drains or reboots.
+  Builds with several slurmd per host find the slurmd by the agent's node name: there
+  a name slurm.conf does not have leaves scontrol without an address, the same
+  configuration finding.
 """
 
 from __future__ import annotations
@@ -87,6 +90,18 @@ def short_name(host: str) -> str:
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:200] if lines else ""
+
+
+# What scontrol prints when it has no address for SLURMD_NODENAME (Slurm 22.05). Only
+# builds with several slurmd per host route by that name; there a node_name that is no
+# NodeName of slurm.conf (nor a node slurmctld knows an address for) leaves the request
+# without an address: the agent's configuration, never a dead slurmd.
+_NO_ADDRESS = re.compile(r"family = 0, port = 0|Address family '0' not supported")
+
+
+def no_address(stderr: str) -> bool:
+    """Whether scontrol's ``stderr`` says it had no address to send the request to."""
+    return _NO_ADDRESS.search(stderr) is not None
 
 
 def first_error(stderr: str) -> str:
@@ -181,6 +196,8 @@ class SlurmdProbe(Probe[SlurmdConfig]):
         except SlurmError as exc:
             if exc.returncode is None:
                 raise  # scontrol or slurm.conf missing: the agent's setup, not the node
+            if no_address(exc.stderr):
+                return [self._unknown_name(node)], "slurmd not asked"
             why = first_error(exc.stderr) or f"scontrol exit {exc.returncode}"
             return [_slurmd_fail("slurmd_down", why)], "slurmd down"
         info = parse_key_values(out)
@@ -198,8 +215,19 @@ class SlurmdProbe(Probe[SlurmdConfig]):
             f'(NodeHostname differs from NodeName?): set node_name = "{reported}" in '
             "agent.toml, or check_hostname = false"
         )
-        if self._mismatch_logged != (reported, node):
-            self._mismatch_logged = (reported, node)
+        return self._config_node_name(why, (reported, node))
+
+    def _unknown_name(self, node: str) -> Finding:
+        why = (
+            f"Slurm has no address for node_name {node!r}: no NodeName {node!r} in "
+            "slurm.conf (NodeHostname differs from NodeName?), or its NodeAddr does not "
+            "resolve: set node_name to this node's NodeName in agent.toml"
+        )
+        return self._config_node_name(why, ("", node))
+
+    def _config_node_name(self, why: str, names: tuple[str, str]) -> Finding:
+        if self._mismatch_logged != names:
+            self._mismatch_logged = names
             log.warning("slurmd probe: configuration error: %s", why)
         return Finding(
             component="slurmd",

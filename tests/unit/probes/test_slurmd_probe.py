@@ -18,6 +18,7 @@ from hyperpod_agent.probes.slurmd import (
     SlurmdConfig,
     SlurmdProbe,
     first_error,
+    no_address,
     parse_authinfo_socket,
     parse_key_values,
 )
@@ -203,6 +204,50 @@ def test_slurmd_answering_for_another_node_is_a_configuration_finding(fakes: Fak
     assert finding.action is Action.NONE and not finding.urgent
     assert "'node2'" in finding.message and 'node_name = "node2"' in finding.message
     assert fakes.probe(node="node3", check_hostname=False).check().status is Status.OK
+
+
+# scontrol of a build with several slurmd per host (Debian's Slurm 22.05) when
+# SLURMD_NODENAME is no NodeName of slurm.conf, captured on the local cluster.
+NO_ADDRESS = """\
+scontrol: error: slurm_get_port: Address family '0' not supported
+scontrol: error: Error connecting, bad data: family = 0, port = 0
+scontrol: error: slurm_slurmd_info: No error
+slurm_load_slurmd_status: No error
+"""
+
+
+def test_a_node_name_slurm_has_no_address_for_is_a_configuration_finding(
+    fakes: Fakes, caplog: pytest.LogCaptureFixture
+) -> None:
+    fakes.behave("scontrol", f'printf "{NO_ADDRESS}" >&2; exit 1')
+    probe = fakes.probe(node="ip-10-0-0-2", munge=False)
+    with caplog.at_level("WARNING", logger="hyperpod_agent.probes.slurmd"):
+        outs = [probe.check() for _ in range(3)]
+    for out in outs:
+        (finding,) = out.findings
+        assert (finding.code, finding.status, finding.action) == (
+            "config_node_name",
+            Status.WARN,
+            Action.NONE,
+        )
+        assert not finding.urgent and out.status is Status.WARN
+        assert "no NodeName 'ip-10-0-0-2' in slurm.conf" in finding.message
+    assert len([r for r in caplog.records if "configuration error" in r.message]) == 1
+    checked = fakes.probe(node="ip-10-0-0-2", munge=False, check_hostname=False).check()
+    assert [f.code for f in checked.findings] == ["config_node_name"]
+
+
+@pytest.mark.parametrize(
+    ("stderr", "expected"),
+    [
+        (NO_ADDRESS, True),
+        (REFUSED, False),
+        ("scontrol: error: slurm_slurmd_info: Connection timed out\n", False),
+        ("", False),
+    ],
+)
+def test_no_address(stderr: str, expected: bool) -> None:
+    assert no_address(stderr) is expected
 
 
 def test_fqdn_and_short_names_match(fakes: Fakes) -> None:
