@@ -81,7 +81,9 @@ class AgentConfig(BaseModel):
     )
     auto_resume_markers: Path | None = Field(
         default=Path("/run/hyperpod/autoresume"),
-        description="the SPANK plugin's statedir: srun --auto-resume markers to forward",
+        description="the SPANK plugin's statedir (plugstack.conf statedir=, which "
+        "provisioning and docs/manual-install.md set to /var/lib/hyperpod/autoresume): "
+        "srun --auto-resume markers to forward",
     )
     progress_dir: Path = Field(
         default=progress_format.DEFAULT_ROOT,
