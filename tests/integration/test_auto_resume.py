@@ -219,7 +219,10 @@ def test_job_without_auto_resume_is_not_requeued(cluster: LocalCluster) -> None:
 
 def test_controller_killed_mid_recovery_requeues_exactly_once(cluster: LocalCluster) -> None:
     services = cluster.services
-    job_id, out = drill.submit_training(cluster, steps=24, step_time=0.4, ckpt_every=CKPT_EVERY)
+    # Long enough that the job is still running when the restarted controller acts: a
+    # controller crash and restart on a busy machine take several seconds, and a job
+    # that finished first would prove nothing (it is never requeued).
+    job_id, out = drill.submit_training(cluster, steps=90, step_time=0.4, ckpt_every=CKPT_EVERY)
     job = running_with_steps(cluster, job_id, out, 6)
     services.stop("controller")
     pid = services.start_controller(env={"HYPERPOD_TEST_CRASH_AFTER_INTENT": "1"})
