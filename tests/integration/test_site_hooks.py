@@ -1,7 +1,7 @@
 """A site that already has its own Slurm hooks, provisioned by hyperpod: the site's
 HealthCheckProgram, Prolog, EpilogSlurmctld and job_submit.lua keep running beside
-hyperpod's; step retry, the job-level requeue, hang detection and a deep check work on
-it; and hyperpod's Prolog gate keeps a new job off a node with an urgent fault.
+hyperpod's; step retry, the job-level requeue and a deep check work on it; and
+hyperpod's Prolog gate keeps a new job off a node with an urgent fault.
 
 The local cluster with ``site_hooks`` writes the site's slurm.conf with those hooks;
 provisioning's own steps (localcluster/provisioned.py) merge hyperpod in, exactly as
@@ -14,7 +14,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -212,33 +211,6 @@ def test_a_job_requeues_on_the_provisioned_site(cluster: LocalCluster) -> None:
     log = drill.parse_train_log(text)
     assert log.done_step == 24 and log.attempts[-1].resumed_from is not None
     assert victim not in log.attempts[-1].nodes.replace("[", ",").split(",")
-
-
-def test_a_hang_is_declared_on_the_provisioned_site(cluster: LocalCluster) -> None:
-    sync = cluster.dir / "out" / f"sync-{time.time_ns()}"
-    sync.mkdir(parents=True)
-    job_id, out = drill.submit_training(
-        cluster, steps=40, step_time=0.3, ckpt_every=5, train_args=("--sync", str(sync))
-    )
-    try:
-        nodes = reached(cluster, job_id, out, 10)
-        victim = Dice("site hang").node("frozen node", nodes)
-        drill.freeze_ranks(cluster, job_id, victim)
-        hang = drill.wait_for(
-            "the hang declared",
-            60,
-            lambda: [
-                e
-                for e in Drill(cluster).events()
-                if e["kind"] == "hang" and e.get("job_id") == job_id
-            ],
-            0.5,
-        )
-        assert f"suspect {victim}" in hang[0]["message"], hang
-        done = drill.wait_job_end(cluster, job_id, timeout=180)
-        assert done.state == "COMPLETED" and done.restart_count == 1, done
-    finally:
-        subprocess.run(["scancel", str(job_id)], env=cluster.env, capture_output=True, timeout=30)
 
 
 def test_a_deep_check_runs_on_the_provisioned_site(cluster: LocalCluster) -> None:

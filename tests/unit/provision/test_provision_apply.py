@@ -23,7 +23,7 @@ from provision_support import (
     tree,
 )
 
-from hyperpod_agent.provision import hooks, render
+from hyperpod_agent.provision import hooks
 from hyperpod_agent.provision.apply import Retry, apply_plan, with_retry
 from hyperpod_agent.provision.commands import Mount, SystemdEnable
 from hyperpod_agent.provision.load import parse_parameters
