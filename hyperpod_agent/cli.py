@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "auth": "hyperpod_agent.admin.keys:auth",
     "provision": "hyperpod_agent.provision.cli:provision",
     "step-retry": "hyperpod_agent.step_retry:step_retry",
+    "simulate": "hyperpod_agent.simulate.cli:simulate",
     "version": "hyperpod_agent.admin.version_cli:version",
 }
 

@@ -1,0 +1,1 @@
+"""Goodput simulator: ETTR of a large job under real faults and the controller's decisions."""
