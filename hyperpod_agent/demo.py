@@ -54,9 +54,41 @@ def _nodes(slurm: SlurmClient) -> None:
         click.echo(f"    {node.name:<6} {node.state:<9} {flags:<22} {node.reason[:70]}")
 
 
+def _spares_qualified(cluster: LocalCluster) -> bool:
+    """Every pooled spare passed a deep check, and no check run is under way."""
+    from hyperpod_agent.admin.common import make_client
+
+    client = make_client(None, None, cluster.dir / "etc" / "admin.toml", 10)
+    runs = client.checks()
+    if not isinstance(runs, list) or any(r.get("phase") != "done" for r in runs):
+        return False
+    for name in cluster.spares:
+        outcomes = client.node(name).get("deep_checks", [])
+        if not any(o.get("outcome") == "OK" for o in outcomes):
+            return False
+    return True
+
+
+def _wait_for_spares(cluster: LocalCluster) -> None:
+    """With a deep-check suite named the spare gate is on, as shipped: a spare stands in
+    only once it passed its check, which the controller starts as soon as it sees the
+    spare. Wait for it, so the fault meets a ready pool (else: a requeue)."""
+    from hyperpod_agent.controller.config import load_config
+
+    if not load_config(cluster.dir / "etc" / "controller.toml").deep_checks.spare_gate_on:
+        return
+    t0 = time.monotonic()
+    drill.wait_for("the spare's deep check", 120, lambda: _spares_qualified(cluster), 0.5)
+    click.echo(
+        f"    spare {','.join(cluster.spares)} passed its deep check "
+        f"({time.monotonic() - t0:.1f} s): ready to stand in"
+    )
+
+
 def story(cluster: LocalCluster) -> None:
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
     _nodes(slurm)
+    _wait_for_spares(cluster)
     _say(
         f"sbatch examples/train_in_place.sbatch ({STEPS} steps on 2 nodes under "
         f"srun --auto-resume=1, a checkpoint every {CKPT_EVERY})"
