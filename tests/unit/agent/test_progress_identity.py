@@ -276,7 +276,7 @@ def test_a_rank_seen_in_the_job_is_reported_gone_once_it_died(tmp_path: Path, st
 def _gone_or_zombie(pid: int) -> bool:
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # reaped between open and read
         return True
     return text.rsplit(")", 1)[1].split()[0] == "Z"
 
