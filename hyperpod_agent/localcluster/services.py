@@ -8,6 +8,7 @@ mounted from inside that namespace, so it sees the node's own interface.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -142,10 +143,15 @@ class Services:
             "check_origin": False,
         }
 
+    @functools.cached_property
+    def _parameters(self) -> ProvisioningParameters:
+        return provisioned.parse(self.parameters_data())
+
     def parameters(self) -> ProvisioningParameters:
         """The cluster's provisioning_parameters.json: what every agent.toml and
-        controller.toml here is rendered from, by provisioning's own code."""
-        return provisioned.parse(self.parameters_data())
+        controller.toml here is rendered from, by provisioning's own code. Parsed (and
+        every override validated) once per Services, not once per node."""
+        return self._parameters
 
     def parameters_data(self) -> dict[str, Any]:
         data = provisioned.parameters_data(self.shape, step_retry=True)
