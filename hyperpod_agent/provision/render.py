@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import shlex
@@ -75,13 +76,15 @@ def to_toml(data: Mapping[str, Any], header: str = HEADER) -> str:
 
 
 def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
-    """``over`` wins; nested dicts merge key by key."""
-    out = dict(base)
+    """``over`` wins; nested dicts merge key by key. The result shares nothing with
+    either input: parameters parsed once are rendered for many nodes, and an edit to
+    one node's config must stay in that config."""
+    out = copy.deepcopy(dict(base))
     for key, value in over.items():
         if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
             out[key] = deep_merge(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)
     return out
 
 

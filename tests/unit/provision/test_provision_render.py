@@ -84,6 +84,28 @@ def test_deep_merge() -> None:
     }
 
 
+def test_deep_merge_shares_nothing_with_its_inputs() -> None:
+    """A caller that edits one node's rendered config must not edit every node's: the
+    parameters are parsed once and rendered for many nodes."""
+    base = {"probes": {"nic": {"interfaces": ["eth0"]}}}
+    over = {"probes": {"disk": {"mounts": [{"path": "/scratch"}]}}, "extra": {"k": [1]}}
+    out = render.deep_merge(base, over)
+    out["probes"]["nic"]["interfaces"].append("roce0")
+    out["probes"]["disk"]["mounts"][0]["path"] = "/elsewhere"
+    out["extra"]["k"].append(2)
+    assert base == {"probes": {"nic": {"interfaces": ["eth0"]}}}
+    assert over == {"probes": {"disk": {"mounts": [{"path": "/scratch"}]}}, "extra": {"k": [1]}}
+
+
+def test_a_rendered_agent_config_is_a_copy_of_the_parameters() -> None:
+    p = params(agent_overrides={"probes": {"nic": {"interfaces": ["eth0"]}}})
+    group = p.worker_groups[0]  # type: ignore[attr-defined]
+    first = render.agent_config_data(p, "node2", group, layout())  # type: ignore[arg-type]
+    first["probes"]["nic"]["interfaces"].append("roce0")
+    again = render.agent_config_data(p, "node2", group, layout())  # type: ignore[arg-type]
+    assert again["probes"]["nic"]["interfaces"] == ["eth0"]
+
+
 def test_agent_config_for_a_gpu_worker_validates() -> None:
     p = params(agent_overrides={"controller": {"heartbeat_interval_s": 15}})
     group = p.worker_groups[0]  # type: ignore[attr-defined]
