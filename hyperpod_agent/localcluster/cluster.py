@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import daemons, files, namespaces, procs
+from hyperpod_agent.localcluster import daemons, files, namespaces, procs, provisioned
 from hyperpod_agent.localcluster.services import Services
 from hyperpod_agent.localcluster.shape import Shape
 
@@ -117,7 +117,7 @@ class LocalCluster:
         return Services(self.shape)
 
     def has_services(self) -> bool:
-        return (self.dir / "etc" / "controller.toml").exists()
+        return self.services.controller_config_path().exists()
 
     def up(self, timeout: float = 60.0, services: bool = False) -> bool:
         """Start the cluster (and, with ``services``, a controller and an agent per
@@ -136,8 +136,14 @@ class LocalCluster:
         self.check_can_start()
         self.stop_daemons()  # stale pids after a crash: clean whatever is left
         self.check_ports()
-        files.write_files(self.shape, services=services)
+        files.write_files(self.shape)
         try:
+            if services:
+                self.services.provision()
+            elif not self.shape.bare:
+                # Slurm only: the head node's lifecycle script, the plain parameters.
+                data = provisioned.parameters_data(self.shape, step_retry=False)
+                provisioned.provision(self.shape, data, [provisioned.HEAD])
             namespaces.pin_host(self.dir / "run")
             self._start_munged()
             self._start_slurmctld()
@@ -145,7 +151,7 @@ class LocalCluster:
                 self.node_start(name)
             self.wait_idle(self.nodes, timeout)
             if services:
-                self.services.up()
+                self.services.start()
         except BaseException:
             self.down()
             raise
@@ -369,7 +375,7 @@ class LocalCluster:
                 log.warning("could not cancel jobs while stopping the cluster: %s", exc)
         if self.has_services():
             self.services.down()
-            (self.dir / "etc" / "controller.toml").unlink()
+            self.services.controller_config_path().unlink()
         self.stop_daemons()
         # The nodes' memory tiers are RAM (/dev/shm): give it back.
         shutil.rmtree(self.shape.memory_root, ignore_errors=True)

@@ -1,7 +1,6 @@
 """The local cluster's directory: its subdirectories, the machine's and site's files
-(slurm.conf, the site's hooks), cluster.json, then hyperpod's part of Slurm's
-configuration and the SPANK plugin through provisioning (provisioned.py; not for a bare
-cluster), all written afresh by ``up``."""
+(slurm.conf, the site's hooks) and cluster.json, all written afresh by ``up``.
+hyperpod's part is provisioning's (provisioned.py)."""
 
 from __future__ import annotations
 
@@ -13,12 +12,12 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from hyperpod_agent.localcluster import provisioned, render
+from hyperpod_agent.localcluster import render
 from hyperpod_agent.localcluster.shape import Shape
 from hyperpod_agent.shared_root import prepare_shared_root
 
 
-def write_files(shape: Shape, services: bool = False) -> None:
+def write_files(shape: Shape) -> None:
     """Create the cluster's directory under ``shape.dir`` and write every file the
     daemons read."""
     d = shape.dir
@@ -44,6 +43,7 @@ def write_files(shape: Shape, services: bool = False) -> None:
     for name in shape.all_names:
         prepare_shared_root(shape.memory_root / name)
         prepare_shared_root(shape.progress_root / name)
+    shutil.rmtree(d / "nodes", ignore_errors=True)  # the other nodes' own roots
     for sub in ("state", "spool", "autoresume", "log", "checkpoints"):
         shutil.rmtree(d / sub, ignore_errors=True)
         (d / sub).mkdir()
@@ -72,5 +72,3 @@ def write_files(shape: Shape, services: bool = False) -> None:
     meta["dir"] = str(d)
     meta["host_boot_epoch"] = time.time() - float(Path("/proc/uptime").read_text().split()[0])
     (d / "cluster.json").write_text(json.dumps(meta, indent=2) + "\n")
-    if not shape.bare:
-        provisioned.provision(shape, step_retry=services)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.errors import SlurmError
@@ -105,9 +106,12 @@ def fresh_controller(
     cluster: LocalCluster,
     policy: dict[str, Any] | None = None,
     deep_checks: dict[str, Any] | None = None,
+    provider: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
 ) -> None:
     """Restart the controller on empty state with ``policy`` and ``deep_checks``
-    overrides, and every agent with it (each sends a full report to the new one)."""
+    overrides (and a ``[provider]`` section, variables added to its environment), and
+    every agent with it (each sends a full report to the new one)."""
     services = cluster.services
     for node in cluster.shape.all_names:
         services.stop(f"agent-{node}")
@@ -116,10 +120,13 @@ def fresh_controller(
     config = services.controller_config()
     config["policy"].update(policy or {})
     config["deep_checks"].update(deep_checks or {})
-    (cluster.dir / "etc" / "controller.toml").write_text(to_toml(config))
-    for path in (cluster.dir / "state").glob("controller.db*"):
+    if provider is not None:
+        config["provider"] = dict(provider)
+    services.controller_config_path().write_text(to_toml(config))
+    db = Path(config["state_db"])
+    for path in db.parent.glob(db.name + "*"):
         path.unlink()
-    services.start_controller()
+    services.start_controller(env=env)
     for node in cluster.shape.all_names:
         services.start_agent(node)
 

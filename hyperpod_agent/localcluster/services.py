@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -80,6 +81,13 @@ def _ship_cadences(config: dict[str, Any], keys: tuple[tuple[str, ...], ...]) ->
         for part in path[:-1]:
             section = section.get(part, {})
         section.pop(path[-1], None)
+
+
+def _relink(link: Path, target: Path) -> None:
+    if not target.is_file():
+        raise LocalClusterError(f"{target}: provisioning wrote no such file")
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -169,25 +177,37 @@ class Services:
         data["agent_overrides"] = deep_merge(data["agent_overrides"], self._agent_common())
         data["node_overrides"] = {n: self._agent_node(n) for n in self.shape.all_names}
         data["controller_overrides"] = self._controller_common()
+        if self.shape.shipped_cadences:
+            _ship_cadences(data["agent_overrides"], AGENT_CADENCES)
+            _ship_cadences(data["controller_overrides"], CONTROLLER_CADENCES)
         return data
 
+    def heads(self) -> list[str]:
+        return list(self.controllers)
+
+    def controller_config_path(self, controller: str = "controller") -> Path:
+        """Where the drills find (and edit) controller ``controller``'s config: a link to
+        the file its lifecycle script wrote."""
+        return self.dir / "etc" / f"{controller}.toml"
+
+    def agent_config_path(self, node: str) -> Path:
+        """Where the drills find (and edit) ``node``'s agent config: a link to the file
+        the node's lifecycle script wrote."""
+        return self.dir / "etc" / f"agent-{node}.toml"
+
+    def state_db(self, controller: str = "controller") -> Path:
+        return Path(self.controller_config(controller)["state_db"])
+
     def controller_config(self, controller: str = "controller") -> dict[str, Any]:
-        config = provisioned.controller_config(self.parameters(), self.shape, controller)
-        # The one key the harness keeps its own: the drills reset the state by
-        # removing DIR/state/controller.db*.
-        config["state_db"] = str(self.dir / "state" / "controller.db")
-        config["listen_port"] = ha.controller_port(self.shape, controller)
-        if "ha" in config:
-            # The drills name a leader by its service name (provisioning's own id is
-            # "<node>:<port>"): the events and lease say "controller-b", not its port.
-            config["ha"]["controller_id"] = controller
-        if self.shape.shipped_cadences:
-            _ship_cadences(config, CONTROLLER_CADENCES)
-        return config
+        """What provisioning writes for head ``controller`` (rendered afresh)."""
+        return provisioned.controller_config(self.parameters(), self.shape, controller)
 
     def _controller_common(self) -> dict[str, Any]:
         return {
             "slurm_user": "root",  # SlurmUser in the local cluster's slurm.conf
+            # Every head reads the one slurm.conf the daemons read (the second head's
+            # own copy names its own include).
+            "slurm_conf": str(self.shape.slurm_conf),
             "reconcile_interval_s": 2.0,
             "auth": self.auth(),
             # A 4-node partition under the 10% default could lose only one node, and
@@ -212,15 +232,15 @@ class Services:
         }
 
     def agent_config(self, node: str) -> dict[str, Any]:
-        config = provisioned.agent_config(self.parameters(), self.shape, node)
-        if self.shape.shipped_cadences:
-            _ship_cadences(config, AGENT_CADENCES)
-        return config
+        """What provisioning writes for ``node`` (rendered afresh)."""
+        return provisioned.agent_config(self.parameters(), self.shape, node)
 
     def _agent_common(self) -> dict[str, Any]:
         """agent_overrides: what every fake node's agent has in common."""
         return {
             "slurm_conf": str(self.shape.slurm_conf),
+            # Every slurmd reads the first head's plugstack.conf: one marker directory.
+            "auto_resume_markers": str(self.dir / "autoresume"),
             "cycle_s": 1.0,
             # A restarted agent waits a little before non-urgent verdicts, as on a
             # booting node; urgent GPU faults are reported at once.
@@ -262,29 +282,34 @@ class Services:
             },
         }
 
-    def write_configs(self) -> None:
+    def provision(self) -> None:
+        """Everything before the daemons start: the database (its secret is the heads'
+        to have), the harness's own files, then every head and node provisioned by
+        the lifecycle script from the cluster's parameters."""
         from hyperpod_agent.admin.config import AdminConfig
-        from hyperpod_agent.agent.config import AgentConfig
-        from hyperpod_agent.controller.config import ControllerConfig
 
+        if self.shape.ha:
+            ha.start_database(self.shape)
         etc = self.dir / "etc"
         deepchecks.install(self.dir)
-        for name in self.controllers:
-            ControllerConfig.model_validate(self.controller_config(name))
-            (etc / f"{name}.toml").write_text(to_toml(self.controller_config(name)))
         # What `hyperpod status/nodes/...` read (with HYPERPOD_LOCAL_CLUSTER_DIR=DIR).
         admin = {"controller": self._controller_keys(), "auth": self.auth()}
         AdminConfig.model_validate(admin)
         (etc / "admin.toml").write_text(to_toml(admin))
-        # Where provisioning's EpilogSlurmctld finds the controller (/etc/hyperpod).
-        (etc / "hyperpod").mkdir(exist_ok=True)
-        (etc / "hyperpod" / "admin.toml").write_text(to_toml(admin))
         (self.dir / "gpu").mkdir(exist_ok=True)
         for node in self.shape.all_names:
-            AgentConfig.model_validate(self.agent_config(node))
-            (etc / f"agent-{node}.toml").write_text(to_toml(self.agent_config(node)))
             self.scenario(node).write_text(json.dumps(HEALTHY_GPUS) + "\n")
             self.cache(node).parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.dir / "nodes", ignore_errors=True)
+        nodes = [*self.controllers, *self.shape.all_names]
+        provisioned.provision(self.shape, self.parameters_data(), nodes)
+        heads = self.heads()
+        for name in self.controllers:
+            root = provisioned.node_root(self.shape, heads, name)
+            _relink(self.controller_config_path(name), root / "etc/hyperpod/controller.toml")
+        for node in self.shape.all_names:
+            root = provisioned.node_root(self.shape, heads, node)
+            _relink(self.agent_config_path(node), root / "etc/hyperpod/agent.toml")
 
     # ------------------------------------------------------------ node hardware
     def make_node_hardware(self, node: str) -> None:
@@ -371,7 +396,7 @@ class Services:
                 "controller",
                 "run",
                 "--config",
-                str(self.dir / "etc" / f"{name}.toml"),
+                str(self.controller_config_path(name)),
             ],
             env,
         )
@@ -398,19 +423,20 @@ class Services:
                 "agent",
                 "run",
                 "--config",
-                str(self.dir / "etc" / f"agent-{node}.toml"),
+                str(self.agent_config_path(node)),
             ],
         )
 
     def up(self) -> None:
-        self.write_configs()
-        # srun --auto-resume inside a job may now ask the controller to retry its step:
-        # the plugstack line gets its step_helper, as provisioning writes it.
-        provisioned.provision(self.shape, step_retry=True)
+        """Provision, then start: the database, controllers and agents."""
+        self.provision()
+        self.start()
+
+    def start(self) -> None:
+        """Start the provisioned services (the node hardware, the controllers, the
+        agents); the daemons run."""
         for node in self.shape.all_names:
             self.make_node_hardware(node)
-        if self.shape.ha:
-            ha.start_database(self.shape)
         for name in self.controllers:
             self.start_controller(name=name)
         for node in self.shape.all_names:
@@ -430,7 +456,7 @@ class Services:
         hardware comes back clean (GPUs healthy, link up, scratch writable). The
         agent starts again (``start_agent``) once the node's slurmd runs, as systemd
         orders it on a real node."""
-        if not (self.dir / "etc" / f"agent-{node}.toml").exists():
+        if not self.agent_config_path(node).exists():
             return
         self.stop(f"agent-{node}")
         self.scenario(node).write_text(json.dumps(HEALTHY_GPUS) + "\n")

@@ -32,7 +32,7 @@ from hyperpod_agent.controller.config import load_config
 from hyperpod_agent.errors import LocalClusterError, SlurmError
 from hyperpod_agent.localcluster import reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
-from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services, to_toml
+from hyperpod_agent.localcluster.services import HEALTHY_GPUS, Services
 from hyperpod_agent.slurm.models import Node
 
 CMD_TIMEOUT = 20.0
@@ -224,10 +224,7 @@ class Drill:
         ``[provider]`` section and ``env`` adds to the controller's environment (a
         pause point, controller/crash.py).
         """
-        if provider is None and env is None:
-            reset.fresh_controller(self.cluster, policy, deep_checks)
-        else:
-            _fresh_controller_with(self.cluster, policy, deep_checks, provider, env)
+        reset.fresh_controller(self.cluster, policy, deep_checks, provider, env)
         wait_for(
             "every agent reporting to the new controller",
             lambda: (
@@ -407,7 +404,7 @@ class Drill:
 
     def spare_gate_on(self) -> bool:
         """Whether the running controller's config has the spare gate on."""
-        path = self.cluster.dir / "etc" / "controller.toml"
+        path = self.services.controller_config_path()
         return load_config(path).deep_checks.spare_gate_on
 
     def spares_qualified(self) -> bool:
@@ -429,33 +426,6 @@ class Drill:
 
 def _ts(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
-
-
-def _fresh_controller_with(
-    cluster: LocalCluster,
-    policy: dict[str, Any] | None,
-    deep_checks: dict[str, Any] | None,
-    provider: dict[str, Any] | None,
-    env: dict[str, str] | None,
-) -> None:
-    """``reset.fresh_controller`` with a ``[provider]`` section of the drill's and
-    variables added to the controller's environment."""
-    services = cluster.services
-    for node in cluster.shape.all_names:
-        services.stop(f"agent-{node}")
-    services.stop("controller")
-    reset.forget_check_runs(cluster)
-    config = services.controller_config()
-    config["policy"].update(policy or {})
-    config["deep_checks"].update(deep_checks or {})
-    if provider is not None:
-        config["provider"] = dict(provider)
-    (cluster.dir / "etc" / "controller.toml").write_text(to_toml(config))
-    for path in (cluster.dir / "state").glob("controller.db*"):
-        path.unlink()
-    services.start_controller(env=env)
-    for node in cluster.shape.all_names:
-        services.start_agent(node)
 
 
 def frozen(pid: int) -> bool:

@@ -102,7 +102,8 @@ def seconds(value: str | None) -> float:
 
 def takeovers(events: list[dict[str, Any]]) -> list[str]:
     """Who took the lead, in order, by the event log."""
-    return [e["message"].split()[0] for e in events if e["kind"] == "leader"]
+    # Provisioning names a head's controller "<node>:<port>"; the node is its service.
+    return [e["message"].split()[0].split(":")[0] for e in events if e["kind"] == "leader"]
 
 
 def arm(d: Drill, point: str) -> str:

@@ -1,11 +1,12 @@
 """A site that already has its own Slurm hooks, provisioned by hyperpod: the site's
 HealthCheckProgram, Prolog, EpilogSlurmctld and job_submit.lua keep running beside
-hyperpod's; step retry, the job-level requeue and a deep check work on it; and
-hyperpod's Prolog gate keeps a new job off a node with an urgent fault.
+hyperpod's; step retry, the job-level requeue, a hang and a deep check work on it;
+and hyperpod's Prolog gate keeps a new job off a node with an urgent fault.
 
 The local cluster with ``site_hooks`` writes the site's slurm.conf with those hooks;
-provisioning's own steps (localcluster/provisioned.py) merge hyperpod in, exactly as
-``hyperpod provision`` does on a head node. One cluster for the module.
+each node's lifecycle script (lifecycle_scripts/on_create.sh, run by
+localcluster/provisioned.py) merges hyperpod in, as on a new instance. One cluster
+for the module.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from drill_helpers import Dice, Drill, wait_for
@@ -227,3 +229,36 @@ def test_a_deep_check_runs_on_the_provisioned_site(cluster: LocalCluster) -> Non
     for check in ("dcgm-quick", "nvlink"):
         assert any(line.split()[:3] == [node, check, "OK"] for line in res.stdout.splitlines())
     assert not [r for r in d.slurm.reservations() if r.name.startswith("hyperpod-check-")]
+
+
+def test_a_hang_is_declared_and_recovered_on_the_provisioned_site(cluster: LocalCluster) -> None:
+    """A rank frozen (SIGSTOP) on a node drawn at random, the batch host included."""
+    d = Drill(cluster)
+    sync = cluster.dir / "out" / f"sync-{datetime.now(UTC).timestamp():.6f}"
+    sync.mkdir(parents=True)
+    job_id, out = drill.submit_training(
+        cluster, steps=60, step_time=0.3, ckpt_every=5, train_args=("--sync", str(sync))
+    )
+    try:
+        nodes = reached(cluster, job_id, out, 15)
+        victim = Dice("site hang").node("frozen node", nodes)
+        drill.freeze_ranks(cluster, job_id, victim)
+
+        def hangs() -> list[dict[str, Any]]:
+            return [e for e in d.events() if e["kind"] == "hang" and e.get("job_id") == job_id]
+
+        wait_for(
+            "the hang declared",
+            lambda: bool(hangs()),
+            timeout=60.0,
+            step=0.5,
+            detail=lambda: drill.rank_records(cluster, job_id),
+        )
+        [hang] = hangs()
+        assert f"suspect {victim} ({victim}: rank" in hang["message"], hang
+        done = drill.wait_job_end(cluster, job_id, timeout=180)
+        log = drill.parse_train_log(out.read_text())
+        assert done.state == "COMPLETED" and done.restart_count == 1, out.read_text()[-2000:]
+        assert log.done_step == 60 and log.attempts[-1].resumed_from is not None
+    finally:
+        subprocess.run(["scancel", str(job_id)], env=cluster.env, capture_output=True, timeout=30)
