@@ -43,7 +43,10 @@ def write_files(shape: Shape) -> None:
     for name in shape.all_names:
         prepare_shared_root(shape.memory_root / name)
         prepare_shared_root(shape.progress_root / name)
-    shutil.rmtree(d / "nodes", ignore_errors=True)  # the other nodes' own roots
+    # The first head's state and logs (its controller.toml names DIR/var/lib/hyperpod)
+    # and the other nodes' own roots: provisioning writes them again.
+    for sub in ("var", "nodes"):
+        shutil.rmtree(d / sub, ignore_errors=True)
     for sub in ("state", "spool", "autoresume", "log", "checkpoints"):
         shutil.rmtree(d / sub, ignore_errors=True)
         (d / sub).mkdir()
