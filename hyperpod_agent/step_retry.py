@@ -13,8 +13,10 @@ helper (plugstack ``step_helper=``); it can be called directly as well. It
   collective to time out on the dead node;
 - reports a failed srun (exit code, nodes, attempt) and follows the answer: RETRYSTEP
   waits for the new allocation, sets ``SLURM_JOB_NODELIST``, ``SLURM_NODELIST``,
-  ``SLURM_NNODES`` and ``SLURM_JOB_NUM_NODES`` and runs the same srun again;
-  REQUEUE and FAIL end with srun's exit code.
+  ``SLURM_NNODES`` and ``SLURM_JOB_NUM_NODES`` and runs the same srun again (with
+  ``--exclude`` of a bad batch host the job keeps);
+  REQUEUE waits (at most ``requeue_wait_s``) for the controller's requeue to end the
+  job, so it never shows FAILED in between; FAIL ends with srun's exit code.
 
 No policy lives here: the controller decides, and it trusts nothing of what the helper
 says but the exit code, the attempt and a cancellation: the step's nodes and start are
@@ -97,11 +99,15 @@ class StepRetry:
     env: dict[str, str]
     controller: ControllerClient
     wait_s: float = 600.0
+    # After REQUEUE: how long the job waits for the controller's requeue, which ends
+    # it (and this helper) without the job ever showing FAILED in between.
+    requeue_wait_s: float = 30.0
     reach_s: float = 60.0  # how long an unreachable controller (a restart) is retried
     poll_s: float = 0.25
     say: Callable[[str], None] = field(default=lambda m: print(f"{PREFIX}: {m}", file=sys.stderr))
     _child: subprocess.Popen[bytes] | None = None
     _interrupted: bool = False
+    exclude: str = ""  # nodes the job keeps that the relaunch must not use
 
     def __post_init__(self) -> None:
         job = self.env.get("SLURM_JOB_ID", "")
@@ -121,7 +127,7 @@ class StepRetry:
             answer = self.ask(attempt, launch)
             if answer is None:
                 return launch.code
-            nodelist, nnodes, rdzv = answer
+            nodelist, nnodes, rdzv, self.exclude = answer
             attempt += 1
             self.env.update(
                 SLURM_JOB_NODELIST=nodelist,
@@ -144,8 +150,9 @@ class StepRetry:
         if "HYPERPOD_RDZV_HOST" not in env and nodes:
             env["HYPERPOD_RDZV_HOST"] = _first(nodes)
         launch = Launch(started_at=time.time())
+        argv = self.command()
         try:
-            child = subprocess.Popen(self.argv, env=env, stderr=subprocess.PIPE)
+            child = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE)
         except OSError as exc:
             self.say(f"cannot run {self.argv[0]}: {exc.strerror or exc}")
             launch.code = 127
@@ -169,6 +176,17 @@ class StepRetry:
         launch.code = _exit_code(code)
         launch.interrupted = self._interrupted
         return launch
+
+    def command(self) -> list[str]:
+        """srun's command line for this launch: after a retry that kept a bad batch host
+        in the job (Slurm never removes one), ``--exclude`` keeps the step off it. It
+        goes first, so an ``--exclude`` of the user's own still wins."""
+        if not self.exclude:
+            return self.argv
+        if os.path.basename(self.argv[0]) != "srun":
+            self.say(f"{self.argv[0]} is not srun: cannot keep the step off {self.exclude}")
+            return self.argv
+        return [self.argv[0], f"--exclude={self.exclude}", *self.argv[1:]]
 
     def _watch(
         self,
@@ -215,9 +233,9 @@ class StepRetry:
                 ended_at = time.monotonic()
                 child.send_signal(signal.SIGTERM)
 
-    def ask(self, attempt: int, launch: Launch) -> tuple[str, int, str] | None:
+    def ask(self, attempt: int, launch: Launch) -> tuple[str, int, str, str] | None:
         """The controller's answer to the failed attempt: (node list, node count,
-        rendezvous host) to retry with, or None (the failure stands)."""
+        rendezvous host, nodes to exclude) to retry with, or None (the failure stands)."""
         cancelled = launch.cancelled_seen and not launch.ended_by_us
         try:
             out = self._reach(
@@ -255,6 +273,11 @@ class StepRetry:
                 f"as srun would (exit {launch.code})"
             )
             return None
+        if out["decision"] == "REQUEUE":
+            self.say(f"REQUEUE: {out['cause']}; waiting for the job's requeue")
+            self._sleep_until_requeued()
+            self.say(f"no requeue within {self.requeue_wait_s:g} s (exit {launch.code})")
+            return None
         if out["decision"] != "RETRYSTEP":
             self.say(f"{out['decision']}: {out['cause']} (exit {launch.code})")
             return None
@@ -269,7 +292,22 @@ class StepRetry:
             pause = min(float(pause), self.wait_s)
             self.say(f"backing off {pause:.0f} s before the relaunch (earlier retries)")
             time.sleep(pause)
-        return nodes, nnodes, str(out.get("rdzv_host") or _first(nodes))
+        exclude = out.get("exclude") or ""
+        try:
+            exclude = compress_hostlist(expand_hostlist(str(exclude))) if exclude else ""
+        except SlurmParseError:
+            self.say(f"the controller's node to exclude {exclude!r} is malformed")
+            return None
+        return nodes, nnodes, str(out.get("rdzv_host") or _first(nodes)), exclude
+
+    def _sleep_until_requeued(self) -> None:
+        """The controller requeues the job next (a REQUEUE answer); ending now would end
+        the batch script first and show the job FAILED, which ``afternotok``
+        dependencies act on. Slurm's requeue ends this process; a signal to it (the
+        user's) ends the wait."""
+        deadline = time.monotonic() + self.requeue_wait_s
+        while not self._interrupted and time.monotonic() < deadline:
+            time.sleep(min(self.poll_s, max(0.0, deadline - time.monotonic())))
 
     def _reach(self, request: Callable[[], Any], also: tuple[int, ...] = ()) -> Any:
         """``request()``, sent again while no controller can be reached (one restarting,
@@ -336,11 +374,24 @@ def _copy(stream: IO[bytes], launch: Launch) -> None:
         out.flush()
 
 
-def main(argv: Sequence[str], controller: ControllerClient, wait_s: float, reach_s: float) -> int:
+def main(
+    argv: Sequence[str],
+    controller: ControllerClient,
+    wait_s: float,
+    reach_s: float,
+    requeue_wait_s: float = 30.0,
+) -> int:
     """Run the srun command line ``argv`` with step retry; srun's exit code."""
     if not argv:
         raise UsageError("give the srun command line after '--'")
-    helper = StepRetry(list(argv), dict(os.environ), controller, wait_s=wait_s, reach_s=reach_s)
+    helper = StepRetry(
+        list(argv),
+        dict(os.environ),
+        controller,
+        wait_s=wait_s,
+        reach_s=reach_s,
+        requeue_wait_s=requeue_wait_s,
+    )
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(signum, helper.forward)
     return helper.run()
@@ -361,8 +412,16 @@ def main(argv: Sequence[str], controller: ControllerClient, wait_s: float, reach
     show_default=True,
     help="How long to keep trying a controller that cannot be reached (a restart).",
 )
+@click.option(
+    "--requeue-wait-s",
+    type=click.FloatRange(0, 3600),
+    default=30.0,
+    show_default=True,
+    help="After a REQUEUE answer, how long to wait for the controller's requeue to end "
+    "the job before exiting with srun's code.",
+)
 @click.argument("srun", nargs=-1, type=click.UNPROCESSED, required=True)
-def step_retry(wait_s: float, reach_s: float, srun: tuple[str, ...]) -> None:
+def step_retry(wait_s: float, reach_s: float, requeue_wait_s: float, srun: tuple[str, ...]) -> None:
     """Run SRUN (an srun command line, after '--') and retry it inside the same job
     when the controller says a node fault ended it (RETRYSTEP). Exits with srun's code.
     The SPANK plugin calls this for srun --auto-resume inside an allocation."""
@@ -370,7 +429,7 @@ def step_retry(wait_s: float, reach_s: float, srun: tuple[str, ...]) -> None:
 
     try:
         controller = make_client(None, None, None, None)
-        code = main(srun, controller, wait_s, reach_s)
+        code = main(srun, controller, wait_s, reach_s, requeue_wait_s)
     except UsageError as exc:
         click.echo(f"{PREFIX}: {exc}", err=True)
         sys.exit(2)

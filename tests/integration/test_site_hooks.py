@@ -127,8 +127,7 @@ def test_step_retry_on_the_provisioned_site(cluster: LocalCluster) -> None:
         lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= 4,
     )
     job = drill.job_of(cluster, job_id)
-    # A fault on the batch host is a requeue by design: the victim is one of the others.
-    victim = Dice("site step retry").node("victim", set(job.nodes) - {job.batch_host})
+    victim = Dice("site step retry").node("victim", job.nodes)  # the batch host included
     drill.inject_xid(cluster, victim)
     done = drill.wait_job_end(cluster, job_id, timeout=180)
     text = out.read_text()

@@ -20,7 +20,7 @@ import pytest
 from hyperpod_agent.localcluster import drill, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
-from hyperpod_agent.slurm.hostlist import compress_hostlist
+from hyperpod_agent.slurm.hostlist import compress_hostlist, expand_hostlist
 
 pytestmark = pytest.mark.slurm
 
@@ -88,13 +88,22 @@ def events(cluster: LocalCluster, job_id: int) -> list[dict[str, object]]:
     return [e for e in Drill(cluster).events() if e.get("job_id") == job_id]
 
 
-def test_xid79_retries_the_step_in_the_same_job_on_a_spare(cluster: LocalCluster) -> None:
+@pytest.mark.parametrize("where", ["a node drawn at random", "the batch host"])
+def test_xid79_retries_the_step_in_the_same_job_on_a_spare(
+    cluster: LocalCluster, where: str
+) -> None:
+    """On the batch host too: Slurm keeps that node in the job, drained, and the step
+    runs again on the others and the spare."""
+    from drill_helpers import Dice
+
     job_id, out = drill.submit_training(
         cluster, steps=30, step_time=0.3, ckpt_every=5, auto_resume=None, script=SCRIPT
     )
     nodes = running_with_steps(cluster, job_id, out, 6)
     states = States(cluster, job_id)
-    victim = sorted(nodes)[-1]
+    batch_host = drill.job_of(cluster, job_id).batch_host
+    assert batch_host in nodes
+    victim = batch_host if where == "the batch host" else Dice("step retry").node("victim", nodes)
     drill.inject_xid(cluster, victim)
     done = drill.wait_job_end(cluster, job_id, timeout=180)
     seen = states.stop()
@@ -118,9 +127,13 @@ def test_xid79_retries_the_step_in_the_same_job_on_a_spare(cluster: LocalCluster
     assert reason.job_id == job_id
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
     assert slurm.node(victim).reason.startswith("hyperpod:replace gpu3 xid79"), slurm.node(victim)
+    assert slurm.node(victim).drained  # nothing else lands on it after the job
     kinds = [e["kind"] for e in events(cluster, job_id)]
     assert "step_end" in kinds and "step_retry_planned" in kinds
     assert "requeue" not in kinds
+    if victim == batch_host:
+        said = [e["message"] for e in events(cluster, job_id) if e["kind"] == "step_retry_shrink"]
+        assert said and f"{victim} kept as the batch host only" in said[0], said
 
 
 def test_on_a_busy_cluster_the_job_runs_again_before_a_waiting_job_starts(
@@ -194,6 +207,37 @@ def test_without_a_spare_the_job_is_requeued_and_the_event_says_why(
     said = [e for e in events(cluster, job_id) if e["kind"] == "step_retry_requeue"]
     assert len(said) == 1 and "spare" in str(said[0]["cause"]), said
     assert fresh_events(cluster, job_id).count("requeue") == 1
+
+
+def test_two_faults_within_a_second_are_one_recovery_never_two_surgeries(
+    cluster: LocalCluster,
+) -> None:
+    """XID 79 on two nodes of the job (drawn at random, the batch host among them)
+    within a second: one retry, or one requeue that says why; never two surgeries."""
+    from drill_helpers import Dice
+
+    job_id, out = drill.submit_training(
+        cluster, steps=30, step_time=0.3, ckpt_every=5, auto_resume=None, script=SCRIPT
+    )
+    nodes = running_with_steps(cluster, job_id, out, 6)
+    first, second = Dice("two faults").nodes("faulty nodes", nodes, 2)
+    at = drill.inject_xid(cluster, first)
+    assert drill.inject_xid(cluster, second) - at < 1.0
+    done = drill.wait_job_end(cluster, job_id, timeout=240)
+    text = out.read_text()
+    assert done.state == "COMPLETED", text[-2000:]
+    mine = events(cluster, job_id)
+    kinds = [str(e["kind"]) for e in mine]
+    assert kinds.count("step_retry_planned") <= 1, kinds
+    assert kinds.count("step_retry_done") + kinds.count("requeue") == 1, kinds
+    if "requeue" in kinds:
+        assert done.restart_count == 1
+        why = [e for e in mine if e["kind"] in ("step_retry_requeue", "requeue")]
+        assert all(e.get("cause") or e.get("message") for e in why), why
+    log = drill.parse_train_log(text)
+    last = log.attempts[-1]
+    assert log.done_step == 30 and last.resumed_from is not None and last.resumed_from >= 5
+    assert not {first, second} & set(expand_hostlist(last.nodes)), (first, second, last.nodes)
 
 
 def _script(cluster: LocalCluster, body: str) -> str:

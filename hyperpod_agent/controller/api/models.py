@@ -330,8 +330,11 @@ class StepRetryOut(BaseModel):
     phase: str | None
     done: bool
     attempt: int  # the attempt the relaunch will be
-    nodelist: str = ""  # SLURM_JOB_NODELIST once done
+    nodelist: str = ""  # SLURM_JOB_NODELIST once done: the nodes the step runs on
     nnodes: int | None = None  # SLURM_NNODES once done
+    # A node the job keeps that the step must not use (srun --exclude): a bad batch
+    # host, which Slurm never removes from a running job.
+    exclude: str = ""
     rdzv_host: str = ""  # HYPERPOD_RDZV_HOST: the first node of the new list
     retry_after_s: float = 0.0  # back-off before the relaunch (retries of the same step)
     created_at: datetime | None = None

@@ -41,6 +41,7 @@ from hyperpod_agent.controller.stepretry.plan import (
     backoff_s,
     budget_of,
     decide_step,
+    parked_batch_host,
 )
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.controller.store.steps import StepRetry, StepWatch
@@ -58,6 +59,13 @@ WATCH_TTL_S = 10.0
 MAX_WATCHES = 16
 # States of a job that runs no step any more (COMPLETING: its epilog runs).
 GONE = ENDED_STATES | {"COMPLETING"}
+
+
+def step_nodes_of(job: Job, nodes: Mapping[str, Node]) -> tuple[str, ...]:
+    """The nodes a step of ``job`` may run on: all of the job's but a batch host an
+    earlier retry left in it only as that (its fault is not the step's)."""
+    parked = parked_batch_host(job, nodes)
+    return tuple(n for n in job.nodes if n != parked)
 
 
 def _gone(job_id: int, state: str) -> Rejected:
@@ -121,7 +129,7 @@ class Steps:
             c.store.unwatch_job(body.job_id)
             raise _gone(body.job_id, seen.state)
         nodes, jobs, job = self._fresh(body.job_id)
-        steps_nodes, began = self._step_nodes(job, body.step_id, body.attempt, jobs)
+        steps_nodes, began = self._step_nodes(job, body.step_id, body.attempt, jobs, nodes)
         failure = StepFailure(
             job.job_id,
             body.step_id,
@@ -134,7 +142,12 @@ class Steps:
         return _decide(c, job, failure, describe(who), nodes)
 
     def _step_nodes(
-        self, job: Job, step_id: str, attempt: int, jobs: Mapping[int, Job]
+        self,
+        job: Job,
+        step_id: str,
+        attempt: int,
+        jobs: Mapping[int, Job],
+        nodes: Mapping[str, Node],
     ) -> tuple[tuple[str, ...], float]:
         """The failed step's nodes and its job's start: what its watch recorded from
         Slurm, when that watch was of this launch of this run of the job and renewed
@@ -150,7 +163,7 @@ class Steps:
             or not row.nodes
             or now > row.expires_at + WATCH_GRACE_S
         ):
-            return job.nodes, began
+            return step_nodes_of(job, nodes), began
         held = {
             n
             for j in jobs.values()
@@ -181,12 +194,11 @@ class Steps:
             raise Rejected(
                 409, "busy", f"job {body.job_id} has {MAX_WATCHES} steps under watch already"
             )
-        _, _, job = self._fresh(body.job_id)
+        slurm_nodes, _, job = self._fresh(body.job_id)
         began = started(job)
-        store.start_watch(
-            job.job_id, body.step_id, body.attempt, job.nodes, began, now, WATCH_TTL_S
-        )
-        return StepWatch(job.job_id, body.step_id, body.attempt, now, None, job.nodes, began, now)
+        nodes = step_nodes_of(job, slurm_nodes)
+        store.start_watch(job.job_id, body.step_id, body.attempt, nodes, began, now, WATCH_TTL_S)
+        return StepWatch(job.job_id, body.step_id, body.attempt, now, None, nodes, began, now)
 
     def _renew(self, row: StepWatch, job: Job, who: str, now: float) -> StepWatchOut:
         """Renew the watch; tell the step to end when one of its nodes has a serious

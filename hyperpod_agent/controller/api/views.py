@@ -146,6 +146,9 @@ def step_retry_view(run: StepRetry, retry_after_s: float = 0.0) -> StepRetryOut:
     """A surgery as the failed step's helper polls it: RETRYSTEP until it failed."""
     done = run.phase in ("done", "failed")
     nodes = list(run.new_nodes) if run.phase == "done" else []
+    # A bad batch host stays in the job (run.keep holds it): the step runs without it.
+    parked = run.bad_node if nodes and run.bad_node in run.keep else ""
+    nodes = [n for n in nodes if n != parked]
     nodelist = compress_hostlist(nodes) if nodes else ""
     return StepRetryOut(
         id=run.id,
@@ -158,6 +161,7 @@ def step_retry_view(run: StepRetry, retry_after_s: float = 0.0) -> StepRetryOut:
         attempt=run.attempt + 1,
         nodelist=nodelist,
         nnodes=len(nodes) if nodes else None,
+        exclude=parked,
         rdzv_host=expand_hostlist(nodelist)[0] if nodes else "",  # Slurm's first
         retry_after_s=retry_after_s if nodes else 0.0,
         created_at=at(run.created_at),

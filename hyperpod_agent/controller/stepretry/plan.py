@@ -19,7 +19,7 @@ per job.
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from hyperpod_agent.controller import safety
@@ -30,7 +30,7 @@ from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
 from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action
 from hyperpod_agent.reasons import SPARE, Verb, format_reason, parse_reason
-from hyperpod_agent.slurm.models import Job
+from hyperpod_agent.slurm.models import Job, Node
 
 # NVIDIA resiliency-ext's in-job restart: a rank exiting with this asks not to be restarted.
 DO_NOT_RESTART = 93
@@ -192,12 +192,16 @@ def decide_step(
         cap = ar.max_requeues_per_minute
         return StepPlan(Outcome.REQUEUE, f"{what}; cluster-wide cap ({cap}/min) reached")
     ((bad, (_, fault)),) = found.items()
-    if bad == job.batch_host:
-        # Slurm refuses to shrink a running job off its batch host (the node running the
-        # batch script): the surgery would drain the node, fail the shrink and roll back.
+    batch = job.batch_host
+    parked = parked_batch_host(job, snap.nodes)
+    node = snap.nodes.get(bad)
+    if bad == batch and node is not None and not node.responding:
+        # The batch script ran there: the job ended with it (Slurm's rule).
+        return StepPlan(Outcome.REQUEUE, f"{what}; the job's batch host is dead")
+    if parked is not None and parked != bad:
+        # One node of a job may stay in it only as its batch host, and that one is.
         return StepPlan(
-            Outcome.REQUEUE,
-            f"{what}; {bad} is the job's batch host, which Slurm cannot remove from a running job",
+            Outcome.REQUEUE, f"{what}; batch host {parked} is out already (an earlier retry)"
         )
     spare = _spare(bad, job, snap, config, now)
     if spare.startswith("!"):
@@ -205,6 +209,18 @@ def decide_step(
     refused = _limits(job, bad, fault, snap, config, now)
     if refused is not None:
         return StepPlan(Outcome.REQUEUE, f"{what}; {refused}")
+    if bad == batch:
+        # Slurm never removes a running job's batch host (the node running its batch
+        # script): it stays in the job, drained so nothing else lands on it after the
+        # job, and the step runs again on the other nodes and the spare.
+        return StepPlan(
+            Outcome.RETRYSTEP,
+            f"{what}: {spare} stands in; {bad} stays as the batch host only",
+            bad_node=bad,
+            spare=spare,
+            reason=_drain_reason(job.job_id, bad, fault),
+            keep=tuple(job.nodes),
+        )
     return StepPlan(
         Outcome.RETRYSTEP,
         f"{what}: {spare} stands in",
@@ -213,6 +229,16 @@ def decide_step(
         reason=_drain_reason(job.job_id, bad, fault),
         keep=tuple(n for n in job.nodes if n != bad),
     )
+
+
+def parked_batch_host(job: Job, nodes: Mapping[str, Node]) -> str | None:
+    """The job's batch host when a step retry left it in the job only as that: drained
+    under our replace reason. No step of the job runs there again."""
+    node = nodes.get(job.batch_host) if job.batch_host else None
+    if node is None or not node.drained:
+        return None
+    ours = parse_reason(node.reason)
+    return node.name if ours is not None and ours.verb is Verb.REPLACE else None
 
 
 def job_partitions(job: Job) -> tuple[str, ...]:

@@ -8,7 +8,8 @@ rolls it back after restart:
 - ``drain``: the bad node is drained with the replace path's reason
   (``hyperpod:replace <component> <code> <message>``): held for repair from then on,
   handled by the policy as any replaced node (never resumed by itself, lemon counting).
-- ``shrink``: the job keeps its other nodes (``scontrol update jobid=J NodeList=...``).
+- ``shrink``: the job keeps its other nodes (``scontrol update jobid=J NodeList=...``);
+  a bad batch host stays (Slurm never removes one), drained, no step of the job on it.
 - ``expand``: the spare leaves the pool (resumed, as the replace path does) and a helper
   allocation ``hyperpod-expand-J`` is made on it. A controller that died while ``salloc``
   waited finds the helper by name and owner (its own uid): a running one is adopted, a
@@ -174,7 +175,8 @@ class StepRetryRunner:
             self._drain(run, nodes)
             return {}
         if run.phase == "shrink":
-            if run.bad_node in job.nodes:
+            # A bad batch host is kept (Slurm never removes one): nothing to shrink.
+            if run.bad_node in job.nodes and run.bad_node not in run.keep:
                 self.slurm.shrink_job(run.job_id, run.keep)
             return {}
         if run.phase == "expand":
@@ -275,7 +277,11 @@ class StepRetryRunner:
         metrics.STEP_RETRY_PHASE_SECONDS.labels(run.phase).observe(max(0.0, took))
         what = {
             "drain": f"{run.bad_node} drained ({run.reason})",
-            "shrink": f"job shrunk to {','.join(run.keep)}",
+            "shrink": (
+                f"{run.bad_node} kept as the batch host only"
+                if run.bad_node in run.keep
+                else f"job shrunk to {','.join(run.keep)}"
+            ),
             "expand": f"helper allocation {update.get('helper_id')} on {run.spare}",
             "absorb": f"{run.spare} merged into the job",
         }[run.phase]

@@ -43,7 +43,7 @@ class StepRetry:
     bad_node: str
     spare: str
     reason: str  # the bad node's drain reason
-    keep: tuple[str, ...]  # the job's nodes but the bad one
+    keep: tuple[str, ...]  # the job's nodes but the bad one (a bad batch host stays)
     helper_id: int | None  # the helper allocation on the spare, once made
     new_nodes: tuple[str, ...]  # the job's nodes once the spare is in
     outcome: str  # '' while open, RETRYSTEP (done) or REQUEUE (failed)

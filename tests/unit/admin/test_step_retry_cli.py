@@ -149,6 +149,8 @@ def test_a_relaunch_waits_the_back_off_it_is_given(stub: Stub, srun: Path) -> No
 def test_fail_and_requeue_end_with_sruns_exit_code_and_the_cause(
     stub: Stub, srun: Path, decision: str
 ) -> None:
+    """REQUEUE first waits for the controller's requeue to end the job (which would
+    end this helper): here none comes, so it ends after --requeue-wait-s."""
     stub.answer(
         "POST",
         "/v1/steps/retry",
@@ -163,9 +165,14 @@ def test_fail_and_requeue_end_with_sruns_exit_code_and_the_cause(
             "cause": "exit 93: the application asked not to restart",
         },
     )
-    proc, runs = run(stub, srun, ["93"])
+    proc, runs = run(stub, srun, ["93"], "--requeue-wait-s", "0.5")
     assert proc.returncode == 93 and len(runs) == 1
-    assert f"{decision}: exit 93: the application asked not to restart (exit 93)" in proc.stderr
+    if decision == "FAIL":
+        assert "FAIL: exit 93: the application asked not to restart (exit 93)" in proc.stderr
+    else:
+        said = "REQUEUE: exit 93: the application asked not to restart; waiting for the job's"
+        assert said in proc.stderr
+        assert "no requeue within 0.5 s (exit 93)" in proc.stderr
 
 
 def test_a_cancelled_step_says_so(stub: Stub, srun: Path) -> None:
@@ -194,7 +201,7 @@ def test_told_to_end_the_step_ends_srun_and_it_is_no_cancellation(stub: Stub, sr
         200,
         {**RETRY, "id": None, "decision": "REQUEUE", "phase": None, "done": True, "attempt": 2},
     )
-    proc, _ = run(stub, srun, ["hang"])
+    proc, _ = run(stub, srun, ["hang"], "--requeue-wait-s", "0")
     assert proc.returncode == 143, proc.stderr
     assert "the controller ends the step: gpu3 xid79 on node2" in proc.stderr
     [report] = asked(stub, "/v1/steps/retry")

@@ -5,6 +5,7 @@ helper asks again meanwhile instead of failing the step or warning."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.client import ControllerError
@@ -70,3 +71,47 @@ def test_a_job_never_seen_fails_the_step_as_srun_would() -> None:
     h.reach_s = 1.0
     assert h.run() == 1
     assert any("could not ask the controller" in m for m in said), said
+
+
+class KeepsTheBatchHost:
+    """A controller whose surgery kept the bad batch host node1 in the job."""
+
+    def step_watch(self, *args: Any) -> Any:
+        return {"end": False, "cause": "", "renew_every_s": 0.5}
+
+    def step_retry(self, *args: Any) -> Any:
+        return {
+            "id": 7, "decision": "RETRYSTEP", "done": True, "cause": "gpu0 xid79 on node1",
+            "nodelist": "node[2,5]", "nnodes": 2, "rdzv_host": "node2", "exclude": "node1",
+        }  # fmt: skip
+
+    def step_retry_state(self, retry_id: int) -> Any:
+        raise AssertionError("answered at once")
+
+
+def test_the_relaunch_excludes_the_batch_host_the_job_keeps(tmp_path: Path) -> None:
+    """srun is run again with --exclude first (a user's own --exclude still wins) and
+    the new node list in its environment."""
+    calls = tmp_path / "calls"
+    srun = tmp_path / "srun"
+    srun.write_text(
+        "#!/bin/sh\n"
+        f'echo "$* | $SLURM_JOB_NODELIST $SLURM_JOB_NUM_NODES" >> {calls}\n'
+        f'[ "$(wc -l < {calls})" -ge 2 ]\n'
+    )
+    srun.chmod(0o755)
+    said: list[str] = []
+    env = {"SLURM_JOB_ID": "12", "SLURM_JOB_NODELIST": "node[1-2]", "PATH": "/usr/bin:/bin"}
+    h = StepRetry(
+        [str(srun), "-N2", "train.py"],
+        env,
+        KeepsTheBatchHost(),  # type: ignore[arg-type]
+        reach_s=5.0,
+        poll_s=0.01,
+        say=said.append,
+    )
+    assert h.run() == 0
+    assert calls.read_text().splitlines() == [
+        "-N2 train.py | node[1-2] ",
+        "--exclude=node1 -N2 train.py | node[2,5] 2",
+    ], said

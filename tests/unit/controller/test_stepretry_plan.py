@@ -28,6 +28,7 @@ JOB = Job(
     partition="main",
 )
 FAILURE = StepFailure(12, "0", 1, ("node1", "node2", "node3"), 1)
+PARKED1 = node("node1", state="ALLOCATED", flags=("DRAIN",), reason="hyperpod:replace gpu0 xid79 x")
 ADMINS_SPARE = node("node5", flags=("DRAIN",), reason="hyperpod:spare", partitions=("admins",))
 NODE2_TWO_PARTS = node("node2", partitions=("main", "admins"))
 
@@ -122,9 +123,16 @@ CASES = [
          failure=replace(FAILURE, nodes=("node2",))),
     Case("no spare pool", Outcome.REQUEUE, "no spare pool (provider command)",
          cfg={"provider": {"kind": "command", "command": ["/bin/true"]}}),
-    Case("the fault on the batch host", Outcome.REQUEUE,
-         "node2 is the job's batch host, which Slurm cannot remove",
+    Case("the fault on the batch host", Outcome.RETRYSTEP,
+         "node5 stands in; node2 stays as the batch host only",
          job=replace(JOB, batch_host="node2")),
+    Case("the batch host dead", Outcome.REQUEUE, "the job's batch host is dead",
+         job=replace(JOB, batch_host="node2"), faults=(),
+         changes={"node5": SPARE5, "node2": DEAD2}),
+    Case("the batch host out already", Outcome.REQUEUE,
+         "batch host node1 is out already (an earlier retry)",
+         job=replace(JOB, batch_host="node1"), failure=replace(FAILURE, nodes=("node2", "node3")),
+         changes={"node5": SPARE5, "node1": PARKED1}),
     Case("the batch host elsewhere", Outcome.RETRYSTEP, "node5 stands in",
          job=replace(JOB, batch_host="node1")),
 ]  # fmt: skip
@@ -162,6 +170,14 @@ def test_a_retry_names_the_node_its_spare_and_the_replace_reason() -> None:
     assert plan.reason == "hyperpod:replace gpu3 xid79 boom"
 
 
+def test_a_fault_on_the_batch_host_keeps_it_in_the_job_and_the_step_off_it() -> None:
+    job = replace(JOB, batch_host="node2")
+    plan = decide_step(job, FAILURE, snapshot(CASES[0]), config(), NOW)
+    assert (plan.bad_node, plan.spare) == ("node2", "node5")
+    assert plan.keep == ("node1", "node2", "node3")  # not shrunk: Slurm keeps a batch host
+    assert plan.reason == "hyperpod:replace gpu3 xid79 boom"  # nothing else lands on it
+
+
 def test_a_dead_node_without_a_fault_is_drained_naming_slurmd() -> None:
     c = CASES[1]
     plan = decide_step(JOB, FAILURE, snapshot(c), config(), NOW)
@@ -187,3 +203,20 @@ def test_a_dead_node_slurm_released_is_drained_and_the_job_kept_as_it_is() -> No
     c = next(c for c in CASES if c.id == "a dead node Slurm released")
     plan = decide_step(c.job, c.failure, snapshot(c), config(), NOW)
     assert (plan.bad_node, plan.spare, plan.keep) == ("node2", "node5", ("node1", "node3"))
+
+
+def test_a_parked_batch_host_runs_no_step_of_its_job_again() -> None:
+    """After a retry that kept the bad batch host, the job's steps are watched (and
+    judged) on its other nodes only: the parked node's open fault ends none of them."""
+    from hyperpod_agent.controller.api.steps import step_nodes_of
+
+    job = replace(JOB, batch_host="node1", nodes=("node1", "node3", "node5"))
+    nodes = cluster(8)
+    assert step_nodes_of(job, nodes) == ("node1", "node3", "node5")
+    nodes["node1"] = PARKED1
+    assert step_nodes_of(job, nodes) == ("node3", "node5")
+    # drained by a human, or by us for another reason: not a parked batch host
+    nodes["node1"] = node("node1", flags=("DRAIN",), reason="maintenance by ann")
+    assert step_nodes_of(job, nodes) == ("node1", "node3", "node5")
+    nodes["node1"] = node("node1", flags=("DRAIN",), reason="hyperpod:drain agent x")
+    assert step_nodes_of(job, nodes) == ("node1", "node3", "node5")

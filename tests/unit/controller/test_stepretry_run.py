@@ -10,6 +10,7 @@ from ctl_helpers import NOW, FakeSlurm, cluster, config, node
 from test_orphans import ME, OwnedSlurm
 
 from hyperpod_agent.controller.actions import Executor
+from hyperpod_agent.controller.api.views import step_retry_view
 from hyperpod_agent.controller.providers.spare_pool import SparePoolProvider
 from hyperpod_agent.controller.stepretry.run import ENDED, StepRetryRunner
 from hyperpod_agent.controller.store.facade import Store
@@ -111,6 +112,29 @@ def test_the_surgery_merges_the_spare_into_the_same_running_job(store: Store) ->
     assert store.replaced_nodes() == {"node2"}
     assert store.step_retries_done(12, "0") == 1
     assert store.open_step_retries() == []
+
+
+def test_a_fault_on_the_batch_host_keeps_it_in_the_job_drained(store: Store) -> None:
+    """Slurm never removes a batch host: no shrink, the spare merged beside it."""
+    slurm = fake()
+    slurm.jobs[12] = replace(slurm.jobs[12], batch_host="node2")
+    event = EventIn("step_retry_planned", "planned", "node2", 12, "test")
+    plan = {**PLAN, "keep": ["node1", "node2", "node3"]}
+    run_id, _ = store.add_step_retry(12, "0", 1, 3, plan, "test", NOW, event)
+    assert runner(store, slurm).advance(NOW + 1) == 1
+    run = run_of(store, run_id)
+    assert (run.phase, run.outcome) == ("done", "RETRYSTEP")
+    assert run.new_nodes == ("node1", "node2", "node3", "node5")  # Slurm's job, as it is
+    assert slurm.jobs[12].nodes == ("node1", "node2", "node3", "node5")
+    assert "shrink" not in [c[0] for c in slurm.calls]
+    assert slurm.nodes["node2"].reason == REASON and slurm.nodes["node2"].drained
+    assert store.replaced_nodes() == {"node2"}
+    # what the step's helper is told: run on the others and the spare, not on node2
+    answer = step_retry_view(run)
+    assert (answer.decision, answer.nodelist, answer.nnodes) == ("RETRYSTEP", "node[1,3,5]", 3)
+    assert (answer.exclude, answer.rdzv_host) == ("node2", "node1")
+    plain = step_retry_view(replace(run, keep=("node1", "node3")))
+    assert plain.exclude == "" and plain.nnodes == 4  # the shrunk job's own list
 
 
 @pytest.mark.parametrize("phase", ["drain", "shrink", "expand", "absorb"])
