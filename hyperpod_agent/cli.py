@@ -30,6 +30,7 @@ COMMANDS: dict[str, str] = {
     "events": "hyperpod_agent.admin.cli:events",
     "checks": "hyperpod_agent.admin.checks_cli:checks",
     "jobs": "hyperpod_agent.admin.cli:jobs",
+    "goodput": "hyperpod_agent.admin.cli:goodput",
     "checkpoint": "hyperpod_agent.checkpoint.cli:checkpoint",
     "auth": "hyperpod_agent.admin.keys:auth",
     "provision": "hyperpod_agent.provision.cli:provision",

@@ -251,6 +251,11 @@ class ControllerClient:
         """``GET /v1/jobs/{id}``."""
         return self.request("GET", f"/v1/jobs/{_seg(str(job_id))}")
 
+    def goodput(self, job: int | None = None, since: str | None = None) -> Any:
+        """``GET /v1/goodput``, or ``GET /v1/jobs/{job}/goodput``; ``since``: ISO 8601."""
+        path = "/v1/goodput" if job is None else f"/v1/jobs/{int(job)}/goodput"
+        return self.request("GET", path, query={"since": since} if since else None)
+
     def job_ended(self, job_id: int, exit_code: int | None = None, state: str | None = None) -> Any:
         """``POST /v1/jobs/{id}/ended``: a job ended (EpilogSlurmctld); needs an admin."""
         body = {k: v for k, v in (("exit_code", exit_code), ("state", state)) if v is not None}

@@ -1,4 +1,4 @@
-"""``hyperpod status|nodes|node|events|jobs``: the admin CLI, a thin client of the API.
+"""``hyperpod status|nodes|node|events|jobs|goodput``: the admin CLI, a thin client of the API.
 
 Every read takes ``--json`` (the controller's answer, unchanged); otherwise a human
 table. Errors are one line on stderr with a non-zero exit code.
@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from hyperpod_agent.admin import goodput as goodput_text
 from hyperpod_agent.admin import render
 from hyperpod_agent.admin.checks_cli import node_check
 from hyperpod_agent.admin.common import (
@@ -249,7 +250,41 @@ def jobs_show(
         timeout or parent.get("timeout"),
     )
     doc = client.job(job_id)
-    _emit(doc, as_json or bool(parent.get("as_json")), lambda d: render.job_detail(_obj(d)))
+    _emit(doc, as_json or bool(parent.get("as_json")), _job_detail)
+
+
+def _job_detail(doc: Any) -> str:
+    """``jobs show``: the job, then its goodput (a controller before it sends none)."""
+    job = _obj(doc)
+    text = render.job_detail(job)
+    if isinstance(job.get("goodput"), dict):
+        text += "\n\nGoodput:\n" + goodput_text.job_text(job["goodput"])
+    return text
+
+
+@click.command()
+@click.option("--job", "job_id", type=click.IntRange(1, 2**63 - 1), help="Only this job.")
+@click.option("--since", type=SinceType(), help="Only time after this: 10m, 2h, 1d or ISO.")
+@connection_options
+@json_option
+@one_line_errors
+def goodput(
+    job_id: int | None,
+    since: datetime | None,
+    url: str | None,
+    munge_socket: Path | None,
+    config_file: Path | None,
+    timeout: float | None,
+    as_json: bool,
+) -> None:
+    """Measured goodput: each job's wall, productive and lost time by cause (ETTR), and
+    the cluster's, from the controller's records."""
+    if since is not None and since > _now():
+        raise click.BadParameter(f"{since.isoformat()} is in the future", param_hint="'--since'")
+    client = make_client(url, munge_socket, config_file, timeout)
+    doc = client.goodput(job=job_id, since=since.isoformat() if since else None)
+    text = goodput_text.job_text if job_id is not None else goodput_text.cluster_text
+    _emit(doc, as_json, lambda d: text(_obj(d)))
 
 
 # An epilog must never fail or hang: slurmctld waits for EpilogSlurmctld before it

@@ -5,6 +5,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from hyperpod_agent import wire
+from hyperpod_agent.controller.goodput.model import ClusterGoodput, JobGoodput
+from hyperpod_agent.slurm.models import ENDED_STATES
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -141,3 +143,78 @@ STEP_RETRY_SECONDS = Histogram(
     buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
     registry=REGISTRY,
 )
+# Measured goodput over the last day (controller/goodput/), computed when /metrics is
+# scraped, at most once a minute (controller/api/goodput.py).
+GOODPUT_ETTR = Gauge(
+    "hyperpod_goodput_ettr",
+    "Share of the node time of the jobs the controller looks after that was productive, "
+    "over the last day",
+    registry=REGISTRY,
+)
+GOODPUT_LOST = Gauge(
+    "hyperpod_goodput_lost_node_seconds",
+    "Node-seconds those jobs lost over the last day, by cause (a cause not known from the "
+    "records has no series)",
+    ["cause"],
+    registry=REGISTRY,
+)
+GOODPUT_JOB_ETTR = Gauge(
+    "hyperpod_goodput_job_ettr",
+    "A job's productive share of its wall time over the last day (jobs running or ended "
+    "within the hour, at most 50)",
+    ["job"],
+    registry=REGISTRY,
+)
+GOODPUT_JOB_LOST = Gauge(
+    "hyperpod_goodput_job_lost_seconds",
+    "Seconds a job lost over the last day, by cause (the same jobs as hyperpod_goodput_job_ettr)",
+    ["job", "cause"],
+    registry=REGISTRY,
+)
+GOODPUT_SUCCESS = Gauge(
+    "hyperpod_goodput_success",
+    "1 when the last computation of the goodput gauges ran, 0 when it failed (see the log)",
+    registry=REGISTRY,
+)
+GOODPUT_SECONDS = Gauge(
+    "hyperpod_goodput_duration_seconds",
+    "How long the last computation of the goodput gauges took",
+    registry=REGISTRY,
+)
+# Per-job series: only jobs running now or ended this recently, the most lost first, at
+# most this many, so the label set stays bounded whatever the cluster runs.
+GOODPUT_RECENT_S = 3600.0
+GOODPUT_MAX_JOBS = 50
+
+
+def set_goodput(cluster: ClusterGoodput, now: float) -> None:
+    """Set the goodput gauges from ``cluster``; the per-job series of jobs no longer
+    shown go."""
+    GOODPUT_ETTR.set(cluster.ettr if cluster.ettr is not None else float("nan"))
+    GOODPUT_LOST.clear()
+    for cause, lost in cluster.lost_node_s.items():
+        if lost.seconds is not None:
+            GOODPUT_LOST.labels(cause).set(lost.seconds)
+    GOODPUT_JOB_ETTR.clear()
+    GOODPUT_JOB_LOST.clear()
+    for job in goodput_series(cluster, now):
+        GOODPUT_JOB_ETTR.labels(str(job.job_id)).set(job.ettr or 0.0)
+        for cause, lost in job.lost.items():
+            if lost.seconds is not None:
+                GOODPUT_JOB_LOST.labels(str(job.job_id), cause).set(lost.seconds)
+
+
+def goodput_series(cluster: ClusterGoodput, now: float) -> list[JobGoodput]:
+    """The jobs that get series: running, or ended within ``GOODPUT_RECENT_S``; the
+    ones that lost most first, at most ``GOODPUT_MAX_JOBS``."""
+    recent = [
+        j
+        for j in cluster.jobs
+        if j.ettr is not None
+        and (
+            (j.state is not None and j.state not in ENDED_STATES)
+            or (j.end is not None and j.end.timestamp() >= now - GOODPUT_RECENT_S)
+        )
+    ]
+    recent.sort(key=lambda j: (j.productive_s - j.wall_s, j.job_id))
+    return recent[:GOODPUT_MAX_JOBS]

@@ -33,6 +33,7 @@ from hyperpod_agent.controller.api.callers import (
     node_itself,
 )
 from hyperpod_agent.controller.api.checks import add_check_routes
+from hyperpod_agent.controller.api.goodput import GoodputGauges, add_goodput_routes
 from hyperpod_agent.controller.api.guard import (
     Guard,
     error_response,
@@ -247,6 +248,8 @@ def create_app(
         )
 
     add_job_routes(app, controller)
+    add_goodput_routes(app, controller)
+    gauges = GoodputGauges(controller)
 
     @app.get("/v1/events", response_model=list[EventOut], responses=ERRORS)
     def events(
@@ -296,6 +299,7 @@ def create_app(
 
     @app.get("/metrics", include_in_schema=False)
     def prom() -> Response:
+        gauges.refresh()
         return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
     return Guard(app, auth, controller.config.max_body_bytes, refusals)

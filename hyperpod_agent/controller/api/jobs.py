@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hyperpod_agent.auth.config import AuthError, Identity, describe
 from hyperpod_agent.controller.api import views
 from hyperpod_agent.controller.api.callers import identity_of
+from hyperpod_agent.controller.api.goodput import job_of
 from hyperpod_agent.controller.api.models import (
     ERRORS,
     MAX_INT64,
@@ -103,6 +104,7 @@ def add_job_routes(app: FastAPI, controller: Controller) -> None:
             history=True,
             events=[views.event_view(e) for e in controller.store.events(job_id=job_id, limit=200)],
             actions=[views.action_view(a) for a in controller.store.job_actions(job_id)],
+            goodput=job_of(controller, job_id, controller.clock(), None),
         )
 
     @app.post(

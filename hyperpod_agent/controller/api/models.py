@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from hyperpod_agent.controller.goodput import JobGoodput
 from hyperpod_agent.wire import Tolerant
 
 NODE_PATTERN = r"^[A-Za-z0-9._-]+$"
@@ -216,6 +217,7 @@ class JobDetail(JobOut):
     events: list[EventOut] = Field(default_factory=list)
     actions: list[ActionOut] = Field(default_factory=list)
     step_retry_history: list[StepRetryOut] = Field(default_factory=list)  # newest first
+    goodput: JobGoodput | None = None  # as GET /v1/jobs/{id}/goodput answers
 
 
 class CheckIn(Tolerant):

@@ -78,25 +78,26 @@ def parse_since(value: str) -> tuple[int, float | None]:
     """``since`` as (event id, epoch seconds): a number is an id, else an ISO time."""
     if value.isascii() and value.isdigit():
         if int(value) > 2**62:
-            raise RequestValidationError(
-                [{"loc": ("query", "since"), "msg": "event id too large", "type": "value_error"}]
-            )
+            raise invalid("since", "event id too large")
         return int(value), None
+    return 0, iso_time(value, "since", "an event id or an ISO 8601 time")
+
+
+def iso_time(value: str, name: str, expected: str = "an ISO 8601 time") -> float:
+    """A query's ISO 8601 time (UTC when it names no zone) as epoch seconds; a 422 naming
+    the query parameter ``name`` when it is not one."""
     try:
-        at = datetime.fromisoformat(value)
+        when = datetime.fromisoformat(value)
     except ValueError:
-        raise RequestValidationError(
-            [
-                {
-                    "loc": ("query", "since"),
-                    "msg": f"expected an event id or an ISO 8601 time, got {value!r}",
-                    "type": "value_error",
-                }
-            ]
-        ) from None
-    if at.tzinfo is None:
-        at = at.replace(tzinfo=UTC)
-    return 0, at.timestamp()
+        raise invalid(name, f"expected {expected}, got {value!r}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
+
+
+def invalid(name: str, message: str) -> RequestValidationError:
+    """The API's 422 for a query parameter ``name`` that is not what it should be."""
+    return RequestValidationError([{"loc": ("query", name), "msg": message, "type": "value_error"}])
 
 
 def event_view(e: EventRow) -> EventOut:
