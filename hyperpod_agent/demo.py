@@ -13,6 +13,7 @@ then stops the cluster (``--keep`` leaves it up).
 from __future__ import annotations
 
 import os
+import random
 import subprocess
 import sys
 import time
@@ -108,8 +109,11 @@ def story(cluster: LocalCluster) -> None:
         f"    job {job_id} running on {','.join(job.nodes)}; its srun was handed over to "
         "hyperpod step-retry, which keeps the step watched by the controller"
     )
-    victim = sorted(job.nodes)[-1]
-    _say(f"injecting XID 79 (GPU has fallen off the bus) on gpu3 of {victim}")
+    # Where a real fault lands: any node of the job, its batch host included (Slurm
+    # keeps that one in the job; the step runs again without it).
+    victim = random.SystemRandom().choice(sorted(job.nodes))
+    role = " (the job's batch host)" if victim == job.batch_host else ""
+    _say(f"injecting XID 79 (GPU has fallen off the bus) on gpu3 of {victim}{role}")
     fault_at = drill.inject_xid(cluster, victim)
     timeline = drill.follow_step_retry(cluster, job_id, victim, fault_at, out)
     done = drill.wait_job_end(cluster, job_id)

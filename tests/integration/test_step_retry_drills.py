@@ -13,6 +13,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -213,7 +214,10 @@ def test_two_faults_within_a_second_are_one_recovery_never_two_surgeries(
     cluster: LocalCluster,
 ) -> None:
     """XID 79 on two nodes of the job (drawn at random, the batch host among them)
-    within a second: one retry, or one requeue that says why; never two surgeries."""
+    within a second: one surgery at most, never two at once. The agents report a probe
+    cycle apart: a second fault seen before the spare joins rolls the surgery back to
+    one requeue naming both; one seen after it ends the retried step, which is then
+    requeued (no second surgery: the job's in-place retry replaces one node)."""
     from drill_helpers import Dice
 
     job_id, out = drill.submit_training(
@@ -229,15 +233,23 @@ def test_two_faults_within_a_second_are_one_recovery_never_two_surgeries(
     mine = events(cluster, job_id)
     kinds = [str(e["kind"]) for e in mine]
     assert kinds.count("step_retry_planned") <= 1, kinds
-    assert kinds.count("step_retry_done") + kinds.count("requeue") == 1, kinds
+    assert kinds.count("requeue") <= 1 and done.restart_count == kinds.count("requeue"), kinds
     if "requeue" in kinds:
-        assert done.restart_count == 1
-        why = [e for e in mine if e["kind"] in ("step_retry_requeue", "requeue")]
-        assert all(e.get("cause") or e.get("message") for e in why), why
+        why = [e for e in mine if e["kind"] in ("step_retry_requeue", "step_retry_failed")]
+        assert why and all(e.get("cause") for e in why), why
     log = drill.parse_train_log(text)
     last = log.attempts[-1]
     assert log.done_step == 30 and last.resumed_from is not None and last.resumed_from >= 5
-    assert not {first, second} & set(expand_hostlist(last.nodes)), (first, second, last.nodes)
+    # A faulty node runs the job again only once repaired: rebooted and checked again.
+    from drill_helpers import Drill
+
+    for name in {first, second} & set(expand_hostlist(last.nodes)):
+        repaired = {
+            str(e["kind"])
+            for e in Drill(cluster).events(name)
+            if datetime.fromisoformat(str(e["at"])).timestamp() >= at
+        }
+        assert {"reboot", "deep_check_ok"} <= repaired, (name, last.nodes, repaired)
 
 
 def _script(cluster: LocalCluster, body: str) -> str:

@@ -49,6 +49,7 @@ from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.rows import EventIn
 from hyperpod_agent.controller.store.steps import StepRetry
 from hyperpod_agent.errors import SlurmError
+from hyperpod_agent.health import Action
 from hyperpod_agent.reasons import SPARE, Owner, owner_of
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 from hyperpod_agent.slurm.resize import expansion_parent
@@ -179,9 +180,25 @@ class StepRetryRunner:
             if run.bad_node in job.nodes and run.bad_node not in run.keep:
                 self.slurm.shrink_job(run.job_id, run.keep)
             return {}
+        if run.phase in ("expand", "absorb"):
+            self._no_other_fault(run, job)
         if run.phase == "expand":
             return {"helper_id": self._expand(run, nodes, jobs)}
         return {"new_nodes": self._absorb(run, jobs)}
+
+    def _no_other_fault(self, run: StepRetry, job: Job) -> None:
+        """Two faults within a second reach the controller a report apart: a node the
+        step would run on again, faulty since its job started, fails the retry at once.
+        Seen before the spare joins, it is one requeue naming both, not a retry then a
+        requeue."""
+        began = job.start_time.timestamp() if job.start_time is not None else 0.0
+        others = set(run.keep) - {run.bad_node}
+        for f in self.store.open_faults():
+            serious = Action(f.action).rank >= Action.RESET.rank
+            if f.node in others and serious and f.first_seen >= began:
+                raise SurgeryFailed(
+                    f"{f.component} {f.code} on {f.node} too: one retry replaces one node"
+                )
 
     def _drain(self, run: StepRetry, nodes: dict[str, Node]) -> None:
         node = nodes.get(run.bad_node)

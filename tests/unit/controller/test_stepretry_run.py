@@ -4,6 +4,7 @@ and a controller killed after each Slurm step finishing exactly once on restart.
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 from ctl_helpers import NOW, FakeSlurm, cluster, config, node
@@ -349,3 +350,41 @@ def test_fault_to_ready_is_measured_from_the_faults_first_sighting(store: Store)
     start(store)
     runner(store, fake()).advance(NOW + 1)
     assert count() == before + 1 and total() - before_sum == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("after", ["drain", "shrink"])
+def test_a_second_node_of_the_job_faulty_before_the_spare_is_in_rolls_back(
+    store: Store, after: str
+) -> None:
+    """Two faults within a second reach the controller a report apart: one retry onto
+    a node that is faulty too would fail at once. Seen before the merge, the surgery
+    rolls back to one requeue that names both; never a retry, then a requeue."""
+    from hyperpod_agent.controller.store.rows import FaultIn
+
+    slurm = fake()
+    started = datetime.fromtimestamp(NOW - 600, UTC)
+    slurm.jobs[12] = replace(slurm.jobs[12], start_time=started)
+    run_id = start(store)
+    r = runner(store, slurm, crash_at=after)
+    with pytest.raises(Crash):
+        r.advance(NOW + 1)
+    xid = FaultIn("gpu1", "xid79", "FAIL", "REBOOT", True, "boom")
+    store.record_report("node3", "a", 1, NOW + 1, "faulty", "{}", [xid], NOW + 1)
+    runner(store, slurm).advance(NOW + 2)
+    run = run_of(store, run_id)
+    assert (run.phase, run.outcome) == ("failed", "REQUEUE")
+    assert "node3" in run.cause and "xid79" in run.cause, run.cause
+    assert "absorb" not in [c[0] for c in slurm.calls]  # the spare never joined the job
+    assert not slurm.nodes["node5"].drained or slurm.nodes["node5"].reason == "hyperpod:spare"
+
+
+def test_a_fault_a_kept_node_had_before_its_job_started_is_not_this_steps(store: Store) -> None:
+    from hyperpod_agent.controller.store.rows import FaultIn
+
+    slurm = fake()
+    slurm.jobs[12] = replace(slurm.jobs[12], start_time=datetime.fromtimestamp(NOW, UTC))
+    xid = FaultIn("gpu1", "xid79", "FAIL", "REBOOT", True, "old")
+    store.record_report("node3", "a", 1, NOW - 100, "faulty", "{}", [xid], NOW - 100)
+    run_id = start(store)
+    runner(store, slurm).advance(NOW + 1)
+    assert run_of(store, run_id).phase == "done"
