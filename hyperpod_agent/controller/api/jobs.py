@@ -22,7 +22,7 @@ from hyperpod_agent.controller.api.models import (
     JobEndedOut,
     JobOut,
 )
-from hyperpod_agent.controller.api.steps import job_step_fields
+from hyperpod_agent.controller.api.step_answers import job_step_fields
 from hyperpod_agent.controller.store.rows import TrackedJob
 
 if TYPE_CHECKING:

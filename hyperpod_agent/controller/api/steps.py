@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI, Request, Response
 from fastapi import Path as FastApiPath
 
 from hyperpod_agent.auth.config import AuthError, Identity, describe
-from hyperpod_agent.controller import metrics, records
+from hyperpod_agent.controller import records
 from hyperpod_agent.controller.api.guard import raw_json
 from hyperpod_agent.controller.api.models import (
     StepFailureIn,
@@ -30,21 +30,16 @@ from hyperpod_agent.controller.api.models import (
     StepWatchOut,
 )
 from hyperpod_agent.controller.api.slurm_view import SlurmReads, may_ask, started
-from hyperpod_agent.controller.api.views import at, step_retry_view
+from hyperpod_agent.controller.api.step_answers import record_decision, retry_backoff
+from hyperpod_agent.controller.api.views import step_retry_view
 from hyperpod_agent.controller.ingest import Rejected
 from hyperpod_agent.controller.snapshot import WATCH_GRACE_S, Snapshot
 from hyperpod_agent.controller.stepretry.plan import (
-    Outcome,
     StepFailure,
-    StepPlan,
     attributable,
-    backoff_s,
-    budget_of,
-    decide_step,
     parked_batch_host,
 )
-from hyperpod_agent.controller.store.rows import EventIn
-from hyperpod_agent.controller.store.steps import StepRetry, StepWatch
+from hyperpod_agent.controller.store.steps import StepWatch
 from hyperpod_agent.slurm.models import ENDED_STATES, Job, Node
 
 if TYPE_CHECKING:
@@ -139,7 +134,7 @@ class Steps:
             body.cancelled,
             began,
         )
-        return _decide(c, job, failure, describe(who), nodes)
+        return record_decision(c, job, failure, describe(who), nodes)
 
     def _step_nodes(
         self,
@@ -248,156 +243,7 @@ class Steps:
                     f"{describe(who)} may only ask about its own job, not {run.job_id}", 403
                 )
             may_ask(who, job)
-        return step_retry_view(run, _backoff(c, run))
-
-
-def _decide(
-    controller: Controller,
-    job: Job,
-    failure: StepFailure,
-    who: str,
-    nodes: Mapping[str, Node],
-) -> StepRetryOut:
-    """Decide and record, under the pass's plan lock (the policy sees the surgery)."""
-    store = controller.store
-    with controller.plan_lock:
-        known = store.find_step_retry(job.job_id, failure.step_id, failure.attempt)
-        if known is not None:  # asked again (a lost answer): the same surgery
-            return step_retry_view(known)
-        other = [r for r in store.open_step_retries() if r.job_id == job.job_id]
-        if other:
-            raise Rejected(409, "busy", f"job {job.job_id}: step retry {other[0].id} is under way")
-        now = controller.clock()
-        snap = controller.snapshot(nodes, [job], now)
-        plan = decide_step(
-            job,
-            failure,
-            snap,
-            controller.config,
-            now,
-            store.step_retries_done(job.job_id),
-            store.step_retries_since(now - 60.0),
-        )
-        metrics.STEP_RETRIES.labels(plan.outcome.value).inc()
-        if plan.outcome is Outcome.RETRYSTEP and controller.config.policy.observe:
-            return _would_have(controller, job, failure, plan, who, now)
-        if plan.outcome is Outcome.RETRYSTEP:
-            budget = budget_of(job, snap, controller.config.auto_resume.default_attempts)
-            return _start(controller, job, failure, plan, budget, who, now)
-    message = (
-        f"step {failure.step_id} of job {job.job_id} (attempt {failure.attempt}, exit "
-        f"{failure.exit_code}) reported by {who}: {plan.outcome.value}: {plan.cause}"
-    )
-    kind = "step_retry_requeue" if plan.outcome is Outcome.REQUEUE else "step_retry_fail"
-    store.add_event(kind, message, now, job_id=job.job_id, cause=plan.cause)
-    # Answered for good: the job's fault is today's recovery's again, at once.
-    store.unwatch_job(job.job_id)
-    controller.wake.set()
-    return StepRetryOut(
-        id=None,
-        job_id=job.job_id,
-        step_id=failure.step_id,
-        decision=plan.outcome.value,  # type: ignore[arg-type]
-        cause=plan.cause,
-        phase=None,
-        done=True,
-        attempt=failure.attempt + 1,
-        created_at=at(now),
-        updated_at=at(now),
-    )
-
-
-def _would_have(
-    controller: Controller,
-    job: Job,
-    failure: StepFailure,
-    plan: StepPlan,
-    who: str,
-    now: float,
-) -> StepRetryOut:
-    """Observe mode: the in-place retry decided and counted, not made. The step is
-    answered FAIL, so the job goes on as it would without this controller (its requeue,
-    if auto-resume asks for one, is the pass's would-have)."""
-    target = f"job {job.job_id} step {failure.step_id} on {plan.spare} for {plan.bad_node}"
-    cause = f"reported by {who}: {plan.cause}"
-    records.would_have(
-        controller.store, "step_retry", target, cause, now, node=plan.bad_node, job_id=job.job_id
-    )
-    return StepRetryOut(
-        id=None,
-        job_id=job.job_id,
-        step_id=failure.step_id,
-        decision=Outcome.FAIL.value,
-        cause=f'mode = "observe": would {plan.outcome.value}: {plan.cause}',
-        phase=None,
-        done=True,
-        attempt=failure.attempt + 1,
-        created_at=at(now),
-        updated_at=at(now),
-    )
-
-
-def _start(
-    controller: Controller,
-    job: Job,
-    failure: StepFailure,
-    plan: StepPlan,
-    budget: int,
-    who: str,
-    now: float,
-) -> StepRetryOut:
-    message = (
-        f"step {failure.step_id} of job {job.job_id} (attempt {failure.attempt}, exit "
-        f"{failure.exit_code}) reported by {who}: RETRYSTEP: {plan.cause}"
-    )
-    fields = {
-        "bad_node": plan.bad_node,
-        "spare": plan.spare,
-        "reason": plan.reason,
-        "keep": plan.keep,
-        "cause": plan.cause,
-    }
-    run_id, _ = controller.store.add_step_retry(
-        job.job_id,
-        failure.step_id,
-        failure.attempt,
-        budget,
-        fields,
-        who,
-        now,
-        EventIn("step_retry_planned", message, plan.bad_node, job.job_id, plan.cause),
-        owner_uid=job.uid,
-    )
-    controller.wake.set()
-    run = controller.store.step_retry(run_id)
-    assert run is not None
-    return step_retry_view(run)
-
-
-def _backoff(controller: Controller, run: StepRetry) -> float:
-    """The relaunch's back-off: earlier in-place retries of the same step count."""
-    if run.outcome != "RETRYSTEP":
-        return 0.0
-    earlier = sorted(
-        (r.id, r.updated_at)
-        for r in controller.store.job_step_retries(run.job_id)
-        if r.step_id == run.step_id and r.id < run.id and r.outcome == "RETRYSTEP"
-    )
-    ar = controller.config.auto_resume
-    return backoff_s([at_ for _, at_ in earlier], controller.clock(), ar)
-
-
-def job_step_fields(controller: Controller, job_id: int, history: bool = False) -> dict[str, Any]:
-    """What ``/v1/jobs`` shows of a job's step retries: how many were done, the last
-    one (its phase while under way), and with ``history`` every one."""
-    runs = controller.store.job_step_retries(job_id)
-    fields: dict[str, Any] = {
-        "step_retries": sum(1 for r in runs if r.outcome == "RETRYSTEP"),
-        "last_step_retry": step_retry_view(runs[0]) if runs else None,
-    }
-    if history:
-        fields["step_retry_history"] = [step_retry_view(r) for r in runs]
-    return fields
+        return step_retry_view(run, retry_backoff(c, run))
 
 
 def add_step_routes(
