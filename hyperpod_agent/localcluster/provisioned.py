@@ -133,7 +133,7 @@ def _supply_machine(shape: Shape, params: ProvisioningParameters, root: Path) ->
     """What a node has before its lifecycle script runs: hyperpod installed (the venv
     running the cluster, where provisioning looks for it, so ``--skip-install``), and on
     a node of its own, the site's slurm.conf and the database's secret."""
-    lay = Layout.for_params(params, root)
+    lay, site = Layout.for_params(params, root), Layout.for_params(params, shape.dir)
     hyperpod = Path(sys.prefix) / "bin" / "hyperpod"
     if not hyperpod.exists():
         raise LocalClusterError(f"{hyperpod}: no such file (install the package into {sys.prefix})")
@@ -144,15 +144,12 @@ def _supply_machine(shape: Shape, params: ProvisioningParameters, root: Path) ->
     conf.parent.mkdir(parents=True, exist_ok=True)
     # Every node has the site's slurm.conf; paths into the site's /etc name this
     # node's own /etc (its plugstack.conf, its job_submit.lua).
-    site_etc = str(Layout.for_params(params, shape.dir).slurm_conf_dir)
-    text = shape.slurm_conf.read_text().replace(site_etc + "/", str(lay.slurm_conf_dir) + "/")
+    here, there = f"{site.slurm_conf_dir}/", f"{lay.slurm_conf_dir}/"
+    text = shape.slurm_conf.read_text().replace(here, there)
     conf.write_text(text)
     store = params.controller_store
     if store is not None and store.password_file is not None:
-        _link(
-            lay.path(store.password_file),
-            Layout.for_params(params, shape.dir).path(store.password_file),
-        )
+        _link(lay.path(store.password_file), site.path(store.password_file))
 
 
 def _link(path: Path, target: Path) -> None:

@@ -1,9 +1,8 @@
 """The hyperpod services of the local cluster: a controller and one agent per node.
 
 Each node also gets the pieces real fault drills need: a fake GPU scenario file
-(8 healthy GPUs), a small tmpfs scratch mount (fill it, remount it read-only) and a
-network namespace with a data link (set it down). The node's agent reads a sysfs
-mounted from inside that namespace, so it sees the node's own interface.
+(8 healthy GPUs) and its hardware (hardware.py: a scratch mount, a network namespace
+with a data link the node's agent sees through its own sysfs).
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -21,38 +19,22 @@ from pathlib import Path
 from typing import Any
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import daemons, deepchecks, ha, procs, provisioned
+from hyperpod_agent.localcluster import daemons, deepchecks, ha, hardware, procs, provisioned
 from hyperpod_agent.localcluster.namespaces import is_mount
 from hyperpod_agent.localcluster.shape import Shape
 from hyperpod_agent.provision.models import ProvisioningParameters
 from hyperpod_agent.provision.render import deep_merge
+from hyperpod_agent.provision.render import to_toml as render_toml
 
 log = logging.getLogger(__name__)
 
-DATA_LINK = "data0"
 HEALTHY_GPUS = {"generate": 8}
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
-    return json.dumps(str(value))
-
-
-def to_toml(data: dict[str, Any], prefix: str = "") -> str:
-    """A small TOML writer for our config dicts (tables of scalars, lists, tables)."""
-    scalars = [f"{k} = {_toml(v)}" for k, v in data.items() if not isinstance(v, dict)]
-    out = ([f"[{prefix}]"] if prefix and scalars else []) + scalars
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.append(to_toml(value, f"{prefix}.{key}" if prefix else key))
-    return "\n".join(line for line in out if line) + "\n"
+def to_toml(data: dict[str, Any]) -> str:
+    """A config as TOML, rendered as provisioning renders it, without provisioning's
+    header: the harness or a drill wrote it."""
+    return render_toml(data, header="")
 
 
 # The keys that make the drills' cluster quick; with ``shipped_cadences`` they are left
@@ -88,13 +70,6 @@ def _relink(link: Path, target: Path) -> None:
         raise LocalClusterError(f"{target}: provisioning wrote no such file")
     link.unlink(missing_ok=True)
     link.symlink_to(target)
-
-
-def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=10)
-    if check and res.returncode != 0:
-        raise LocalClusterError(f"ip {' '.join(args)}: {res.stderr.strip()}")
-    return res
 
 
 class Services:
@@ -182,9 +157,6 @@ class Services:
             _ship_cadences(data["controller_overrides"], CONTROLLER_CADENCES)
         return data
 
-    def heads(self) -> list[str]:
-        return list(self.controllers)
-
     def controller_config_path(self, controller: str = "controller") -> Path:
         """Where the drills find (and edit) controller ``controller``'s config: a link to
         the file its lifecycle script wrote."""
@@ -194,9 +166,6 @@ class Services:
         """Where the drills find (and edit) ``node``'s agent config: a link to the file
         the node's lifecycle script wrote."""
         return self.dir / "etc" / f"agent-{node}.toml"
-
-    def state_db(self, controller: str = "controller") -> Path:
-        return Path(self.controller_config(controller)["state_db"])
 
     def controller_config(self, controller: str = "controller") -> dict[str, Any]:
         """What provisioning writes for head ``controller`` (rendered afresh)."""
@@ -247,7 +216,7 @@ class Services:
             "verdict": {"grace_s": 5.0},
             "probes": {
                 "gpu": {"kmsg_path": "", "interval_s": 1.0},
-                "nic": {"interfaces": [DATA_LINK], "interval_s": 1.0},
+                "nic": {"interfaces": [hardware.DATA_LINK], "interval_s": 1.0},
                 "disk": {"interval_s": 1.0},
                 "cpu": {"interval_s": 5.0},
                 "slurmd": {"interval_s": 2.0, "munge_socket": str(self.shape.munge_socket)},
@@ -303,7 +272,7 @@ class Services:
         shutil.rmtree(self.dir / "nodes", ignore_errors=True)
         nodes = [*self.controllers, *self.shape.all_names]
         provisioned.provision(self.shape, self.parameters_data(), nodes)
-        heads = self.heads()
+        heads = list(self.controllers)
         for name in self.controllers:
             root = provisioned.node_root(self.shape, heads, name)
             _relink(self.controller_config_path(name), root / "etc/hyperpod/controller.toml")
@@ -313,56 +282,13 @@ class Services:
 
     # ------------------------------------------------------------ node hardware
     def make_node_hardware(self, node: str) -> None:
-        """A tmpfs scratch mount and a network namespace with an up link, whose
-        sysfs view is mounted at DIR/sys/<node> for the node's agent."""
-        scratch = self.scratch(node)
-        scratch.mkdir(parents=True, exist_ok=True)
-        if not is_mount(scratch):
-            subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", "size=16m", "hyperpod-scratch", str(scratch)],
-                check=True,
-                capture_output=True,
-                timeout=10,
-            )
-        ns = self.netns(node)
-        if _ip("netns", "list", check=False).stdout.split().count(ns) == 0:
-            _ip("netns", "add", ns)
-            _ip("-n", ns, "link", "add", DATA_LINK, "type", "veth", "peer", "name", "peer0")
-        for link in (DATA_LINK, "peer0", "lo"):
-            _ip("-n", ns, "link", "set", link, "up")
-        sysdir = self.dir / "sys" / node
-        sysdir.mkdir(parents=True, exist_ok=True)
-        if not is_mount(sysdir):
-            # sysfs shows the network namespace of whoever mounts it.
-            # `ip netns exec` switches to a private mount namespace; nsenter takes
-            # the mount back to ours so the agent sees it.
-            subprocess.run(
-                [
-                    "ip",
-                    "netns",
-                    "exec",
-                    ns,
-                    "nsenter",
-                    f"--mount=/proc/{os.getpid()}/ns/mnt",
-                    "mount",
-                    "-t",
-                    "sysfs",
-                    "sysfs",
-                    str(sysdir),
-                ],
-                check=True,
-                capture_output=True,
-                timeout=10,
-            )
+        hardware.make(self.dir / "sys" / node, self.scratch(node), self.netns(node))
 
     def remove_node_hardware(self, node: str) -> None:
-        for path in (self.dir / "sys" / node, self.scratch(node)):
-            if is_mount(path):
-                subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=10)
-        _ip("netns", "delete", self.netns(node), check=False)
+        hardware.remove(self.dir / "sys" / node, self.scratch(node), self.netns(node))
 
     def set_link(self, node: str, up: bool) -> None:
-        _ip("-n", self.netns(node), "link", "set", "peer0", "up" if up else "down")
+        hardware.set_link(self.netns(node), up)
 
     # ---------------------------------------------------------------- processes
     def _start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> int:

@@ -209,25 +209,19 @@ def decide_step(
     refused = _limits(job, bad, fault, snap, config, now)
     if refused is not None:
         return StepPlan(Outcome.REQUEUE, f"{what}; {refused}")
+    cause, keep = f"{what}: {spare} stands in", tuple(n for n in job.nodes if n != bad)
     if bad == batch:
         # Slurm never removes a running job's batch host (the node running its batch
         # script): it stays in the job, drained so nothing else lands on it after the
         # job, and the step runs again on the other nodes and the spare.
-        return StepPlan(
-            Outcome.RETRYSTEP,
-            f"{what}: {spare} stands in; {bad} stays as the batch host only",
-            bad_node=bad,
-            spare=spare,
-            reason=_drain_reason(job.job_id, bad, fault),
-            keep=tuple(job.nodes),
-        )
+        cause, keep = f"{cause}; {bad} stays as the batch host only", tuple(job.nodes)
     return StepPlan(
         Outcome.RETRYSTEP,
-        f"{what}: {spare} stands in",
+        cause,
         bad_node=bad,
         spare=spare,
         reason=_drain_reason(job.job_id, bad, fault),
-        keep=tuple(n for n in job.nodes if n != bad),
+        keep=keep,
     )
 
 
