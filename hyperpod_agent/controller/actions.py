@@ -119,6 +119,9 @@ class Executor:
         if pa.kind is Kind.CHECK:
             records.check_run(self.store, pa, now)
             return None
+        if pa.kind is Kind.STEP_END:
+            records.step_end(self.store, pa, now)
+            return None
         if self._cooling(pa, now):
             return None
         params = dict(pa.params)

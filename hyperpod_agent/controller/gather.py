@@ -76,6 +76,7 @@ def gather(
         checking=frozenset(n for r in store.open_check_runs() for n in r.nodes),
         step_retries={r.job_id: (r.bad_node, r.spare) for r in store.open_step_retries()},
         watched_jobs=store.watched_jobs(now),
+        watch_launched=store.watch_launches(now),
     )
 
 

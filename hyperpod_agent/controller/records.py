@@ -1,6 +1,7 @@
 """The plan's items that only write the state store, never Slurm: a job auto-resume
 leaves alone, a hang or straggler declared, a deep-check run planned (the check runner
-takes it through Slurm). Each is one transaction with its event."""
+takes it through Slurm), a hung job's watched step told to end. Each is one
+transaction with its event."""
 
 from __future__ import annotations
 
@@ -51,6 +52,21 @@ def finding(store: Store, pa: PlannedAction, now: float) -> None:
         if isinstance(idle := p.get("idle_s"), int | float):
             metrics.HANG_IDLE.observe(float(idle))
         log.warning("%s", pa.cause)
+
+
+def step_end(store: Store, pa: PlannedAction, now: float) -> None:
+    """A hung job's watched steps told to end (their helpers read it at their next
+    renewal, within a second), with the hang kept for their retry."""
+    assert pa.job_id is not None
+    message = f"watched step of job {pa.job_id} told to end: {pa.cause}"
+    told = store.end_watches_for_hang(
+        pa.job_id,
+        now,
+        str(pa.params["hang"]),
+        EventIn("step_end", message, None, pa.job_id, pa.cause),
+    )
+    if told:
+        log.warning("%s", message)
 
 
 def would_have(

@@ -14,8 +14,8 @@ from hyperpod_agent.slurm.models import Job, Node
 
 
 class Kind(enum.StrEnum):
-    """Things the executor can do. ``exhaust``, ``not_retried`` and ``finding`` are
-    bookkeeping only (no Slurm call)."""
+    """Things the executor can do. ``exhaust``, ``not_retried``, ``finding`` and
+    ``step_end`` are bookkeeping only (no Slurm call)."""
 
     DRAIN = "drain"
     RESUME = "resume"
@@ -28,6 +28,8 @@ class Kind(enum.StrEnum):
     CANCEL = "cancel"  # a hung job that is not auto-resume, when configured
     FINDING = "finding"  # a hang or straggler declared (params: the finding)
     CHECK = "check"  # a deep-check run planned (params: nodes, level, purpose, prior)
+    # a hung job's watched step told to end, for its retry in place (params: the hang)
+    STEP_END = "step_end"
 
 
 NODE_KINDS = (Kind.DRAIN, Kind.RESUME, Kind.REBOOT, Kind.REPLACE, Kind.HOLD)
@@ -73,6 +75,9 @@ class Snapshot:
     # Jobs whose step a step-retry helper watches: job id -> when it was first told to
     # end its step (None: not yet). See ``left_to_step_retry``.
     watched_jobs: Mapping[int, float | None] = field(default_factory=dict)
+    # The same jobs: when the oldest launch under watch began. A step retried in place
+    # runs in the same job: its ranks' progress from before then is the launch before's.
+    watch_launched: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

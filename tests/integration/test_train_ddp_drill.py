@@ -1,13 +1,15 @@
 """A real PyTorch DDP job (examples/train_ddp.sbatch: gloo on CPU, one rank per node,
-``srun --auto-resume=1``) on the local service cluster: XID 79 on one of its nodes, the
-step retried in place on a spare, and the run ends bit for bit where an unfaulted run
-of the same seed ends.
+``srun --auto-resume=1``) on the local service cluster, its step retried in place:
+
+- XID 79 on one of its nodes: the step runs again without the node, on a spare, and
+  the run ends bit for bit where an unfaulted run of the same seed ends;
+- a rank frozen (SIGSTOP) in a 3-node job, the others blocked in their all-reduce: the
+  hang is declared naming the frozen rank's node, the controller ends the step, and it
+  runs again in the same job without that node.
 
 The victim is drawn at random (seeded; the seed is printed, ``TRAIN_DDP_DRILL_SEED``
-replays it) among the job's nodes that are not its batch host: Slurm cannot shrink a
-running job off its batch host, so a fault there is mended by the job-level requeue,
-the next rung (tests/integration/test_auto_resume.py), not by the retry in place this
-drill is about. With 2 nodes that leaves one candidate; the draw matters on wider jobs.
+replays it) among all the job's nodes, its batch host included: a bad batch host stays
+in the job, drained, and the step runs on the other nodes and the spare.
 
 Every node's memory tier is a directory of its own (``--memory-per-node``: the local
 cluster's nodes share one /dev/shm), so the spare that takes the victim's rank starts
@@ -23,11 +25,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_hang_drills import events
 from test_step_retry_drills import spares_ready
 
 from hyperpod_agent.localcluster import drill, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
+from hyperpod_agent.slurm.models import Job
 
 try:
     import torch  # noqa: F401 - the job's python3 is this one
@@ -51,8 +55,10 @@ def cluster(service_cluster: LocalCluster) -> Iterator[LocalCluster]:
     reset.reset_cluster(service_cluster)
 
 
-def submit(cluster: LocalCluster, base: Path, seed: int, port: int) -> tuple[int, Path, Path]:
-    """train_ddp.sbatch on 2 nodes; (job id, its output file, its --out directory)."""
+def submit(
+    cluster: LocalCluster, base: Path, seed: int, port: int, nodes: int = 2, steps: int = STEPS
+) -> tuple[int, Path, Path]:
+    """train_ddp.sbatch on ``nodes`` nodes; (job id, its output file, its --out directory)."""
     out_dir = base / f"out-{time.time_ns()}"
     args = (
         f"--peer-host 127.0.0.1 --memory-per-node {base / 'shm'} --seed {seed} "
@@ -60,11 +66,12 @@ def submit(cluster: LocalCluster, base: Path, seed: int, port: int) -> tuple[int
     )
     job_id, out = drill.submit_training(
         cluster,
-        steps=STEPS,
+        steps=steps,
         step_time=STEP_TIME,
         ckpt_every=10,
         auto_resume=None,  # the srun inside opts in
         script=SCRIPT,
+        extra=("--nodes", str(nodes)),
         env={
             "TRAIN_SCRIPT": str(drill.EXAMPLES / "train_ddp.py"),
             "TRAIN_DDP_ARGS": args,
@@ -76,6 +83,25 @@ def submit(cluster: LocalCluster, base: Path, seed: int, port: int) -> tuple[int
     return job_id, out, out_dir
 
 
+def seeded(what: str) -> tuple[int, random.Random, Path]:
+    """The drill's seed (printed; TRAIN_DDP_DRILL_SEED replays it), its draws, a scratch dir."""
+    seed = int(os.environ.get("TRAIN_DDP_DRILL_SEED", random.SystemRandom().randrange(2**31)))
+    print(f"{what} seed {seed} (TRAIN_DDP_DRILL_SEED={seed} replays it)")
+    base = Path(os.environ.get("TMPDIR", "/var/tmp")) / f"hp-ddp-{time.time_ns()}"
+    base.mkdir(mode=0o755)
+    return seed, random.Random(seed), base
+
+
+def reach(cluster: LocalCluster, job_id: int, out: Path, step: int) -> Job:
+    """The job once rank 0 printed ``step``."""
+    drill.wait_for(
+        f"job {job_id} to reach step {step}",
+        180,
+        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= step,
+    )
+    return drill.job_of(cluster, job_id)
+
+
 def losses(out_dir: Path) -> dict[int, str]:
     got: dict[int, str] = {}
     for line in (out_dir / "losses.txt").read_text().splitlines():
@@ -85,11 +111,7 @@ def losses(out_dir: Path) -> dict[int, str]:
 
 
 def test_xid79_on_a_ddp_job_resumes_bit_for_bit(cluster: LocalCluster, tmp_path: Path) -> None:
-    seed = int(os.environ.get("TRAIN_DDP_DRILL_SEED", random.SystemRandom().randrange(2**31)))
-    print(f"train_ddp drill seed {seed} (TRAIN_DDP_DRILL_SEED={seed} replays it)")
-    rng = random.Random(seed)
-    base = Path(os.environ.get("TMPDIR", "/var/tmp")) / f"hp-ddp-{time.time_ns()}"
-    base.mkdir(mode=0o755)
+    seed, rng, base = seeded("train_ddp drill")
 
     # The unfaulted run, same seed.
     ref_id, ref_out, ref_dir = submit(cluster, base, seed, 29610)
@@ -101,15 +123,9 @@ def test_xid79_on_a_ddp_job_resumes_bit_for_bit(cluster: LocalCluster, tmp_path:
 
     # The faulted run.
     job_id, out, out_dir = submit(cluster, base, seed, 29620)
-    drill.wait_for(
-        f"job {job_id} to reach step 15",
-        180,
-        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= 15,
-    )
-    job = drill.job_of(cluster, job_id)
-    candidates = sorted(n for n in job.nodes if n != job.batch_host)
-    victim = rng.choice(candidates)
-    print(f"XID 79 on {victim} (of {candidates}; batch host {job.batch_host})")
+    job = reach(cluster, job_id, out, 15)
+    victim = rng.choice(sorted(job.nodes))
+    print(f"XID 79 on {victim} (of {sorted(job.nodes)}; batch host {job.batch_host})")
     before = drill.parse_train_log(out.read_text()).last_step
     drill.inject_xid(cluster, victim)
     done = drill.wait_job_end(cluster, job_id, timeout=300)
@@ -131,3 +147,36 @@ def test_xid79_on_a_ddp_job_resumes_bit_for_bit(cluster: LocalCluster, tmp_path:
     assert losses(out_dir) == want_losses
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
     assert slurm.node(victim).reason.startswith("hyperpod:replace gpu3 xid79")
+
+
+def test_a_frozen_rank_of_a_ddp_job_ends_its_step_and_it_runs_again_without_it(
+    cluster: LocalCluster,
+) -> None:
+    seed, rng, base = seeded("train_ddp hang drill")
+    steps = 80
+    job_id, out, out_dir = submit(cluster, base, seed, 29630, nodes=3, steps=steps)
+    job = reach(cluster, job_id, out, 20)  # past min_steps: the judge has the job's pace
+    victim = rng.choice(sorted(job.nodes))
+    print(f"SIGSTOP of the rank on {victim} (of {sorted(job.nodes)}; batch host {job.batch_host})")
+    drill.freeze_ranks(cluster, job_id, victim)
+    done = drill.wait_job_end(cluster, job_id, timeout=300)
+    text = out.read_text()
+    assert done.state == "COMPLETED", text[-3000:]
+    assert done.job_id == job_id and done.restart_count == 0, "never requeued: same job, Restarts=0"
+    [hang] = events(cluster, "hang", job_id)
+    assert f"suspect {victim} ({victim}: rank" in hang["message"], hang
+    ends = events(cluster, "step_end", job_id)
+    assert ends and "hang:" in ends[0]["message"], ends
+    retried = events(cluster, "step_retry_done", job_id)
+    assert len(retried) == 1, retried
+    log = drill.parse_train_log(text)
+    assert len(log.attempts) == 2, text[-3000:]
+    assert victim not in log.attempts[1].nodes
+    last_before = max(s for s, _ in log.attempts[0].steps)
+    resumed = log.attempts[1].resumed_from
+    assert resumed is not None and resumed >= last_before - 1, (
+        f"resumed from {resumed}, the first attempt had reached {last_before} (at most 1 behind)"
+    )
+    assert sorted(losses(out_dir)) == list(range(1, steps + 1))  # every step, each one way
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    assert slurm.node(victim).reason.startswith(f"hyperpod:replace job{job_id} hang")

@@ -32,6 +32,7 @@ from hyperpod_agent.controller.api.models import (
 from hyperpod_agent.controller.api.slurm_view import SlurmReads, may_ask, started
 from hyperpod_agent.controller.api.step_answers import record_decision, retry_backoff
 from hyperpod_agent.controller.api.views import step_retry_view
+from hyperpod_agent.controller.hangs.ending import HangEnd
 from hyperpod_agent.controller.ingest import Rejected
 from hyperpod_agent.controller.snapshot import WATCH_GRACE_S, Snapshot
 from hyperpod_agent.controller.stepretry.plan import (
@@ -124,7 +125,7 @@ class Steps:
             c.store.unwatch_job(body.job_id)
             raise _gone(body.job_id, seen.state)
         nodes, jobs, job = self._fresh(body.job_id)
-        steps_nodes, began = self._step_nodes(job, body.step_id, body.attempt, jobs, nodes)
+        steps_nodes, began, hang = self._step_nodes(job, body.step_id, body.attempt, jobs, nodes)
         failure = StepFailure(
             job.job_id,
             body.step_id,
@@ -133,6 +134,7 @@ class Steps:
             body.attempt,
             body.cancelled,
             began,
+            hang,
         )
         return record_decision(c, job, failure, describe(who), nodes)
 
@@ -143,11 +145,11 @@ class Steps:
         attempt: int,
         jobs: Mapping[int, Job],
         nodes: Mapping[str, Node],
-    ) -> tuple[tuple[str, ...], float]:
+    ) -> tuple[tuple[str, ...], float, HangEnd | None]:
         """The failed step's nodes and its job's start: what its watch recorded from
         Slurm, when that watch was of this launch of this run of the job and renewed
         lately; else the job's nodes now. A recorded node another job holds now is not
-        this step's to blame."""
+        this step's to blame. And the hang the pass ended the step for, if it did."""
         began = started(job)
         row = self.controller.store.step_watch(job.job_id, step_id)
         now = self.controller.clock()
@@ -158,14 +160,15 @@ class Steps:
             or not row.nodes
             or now > row.expires_at + WATCH_GRACE_S
         ):
-            return step_nodes_of(job, nodes), began
+            return step_nodes_of(job, nodes), began, None
         held = {
             n
             for j in jobs.values()
             if j.job_id != job.job_id and j.state.upper() not in ENDED_STATES
             for n in j.nodes
         }
-        return tuple(n for n in row.nodes if n in job.nodes or n not in held), began
+        mine = tuple(n for n in row.nodes if n in job.nodes or n not in held)
+        return mine, began, HangEnd.from_json(row.hang)
 
     # -- POST /v1/steps/watch ---------------------------------------------------------
     def watch(self, who: Identity, body: StepWatchIn) -> StepWatchOut:
@@ -210,11 +213,14 @@ class Steps:
         since = now - c.config.auto_resume.fault_window_s  # open faults only here
         found = [hit for n in row.nodes if (hit := attributable(n, snap, since))]
         first = max((f.first_seen for _, f in found if f is not None), default=None)
+        observe = c.config.policy.observe
         _, told = store.renew_watch(
             row.job_id, row.step_id, now, WATCH_TTL_S, None if first is None else min(first, now)
         )
         cause = "; ".join(why for why, _ in found)
-        observe = c.config.policy.observe
+        hang = HangEnd.from_json(row.hang)
+        if hang is not None:  # told by the pass (its event is out): the hang ends it too
+            cause = "; ".join(x for x in (cause, f"hang: {hang.cause}") if x)
         if told and observe:
             # Ending the step would change the job: told, and the step runs on.
             bad = next((f.node for _, f in found if f is not None), None)
@@ -226,7 +232,7 @@ class Steps:
                 f"now, watched by {who}: {cause}"
             )
             store.add_event("step_end", message, now, job_id=row.job_id, cause=cause)
-        end = bool(found) and not observe
+        end = bool(found or hang) and not observe
         return StepWatchOut(end=end, cause=cause, renew_every_s=WATCH_RENEW_S)
 
     # -- GET /v1/steps/retry/{id} -----------------------------------------------------

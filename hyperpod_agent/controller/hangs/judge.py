@@ -170,7 +170,7 @@ def _reported(snap: Snapshot) -> _Reported:
 
 
 def _ranks(
-    job: Job, reported: _Reported, memory: HangMemory | None, now: float
+    job: Job, reported: _Reported, memory: HangMemory | None, now: float, launched: float = 0.0
 ) -> tuple[list[_Rank], float] | None:
     """The job's ranks on its own nodes, checked against its user, from this run of the
     job (activity at or after its start), and how long none of them advanced. None
@@ -184,6 +184,9 @@ def _ranks(
     skew would let the records of the run before (a requeued job starting again) be
     judged as this one's."""
     start = job.start_time.timestamp() if job.start_time is not None else 0.0
+    # A step retried in place starts again in the same job: what its ranks recorded
+    # before the launch under watch began is the launch before's (a hung one).
+    start = max(start, launched)
     out: list[_Rank] = []
     idle = math.inf
     known: dict[str, float] = {}  # node -> until when its progress is known current
@@ -334,7 +337,7 @@ def judge(
     for job in sorted(snap.jobs, key=_job_id):
         if job.state.upper() != "RUNNING" or job.job_id in retrying:
             continue
-        found = _ranks(job, reported, memory, now)
+        found = _ranks(job, reported, memory, now, snap.watch_launched.get(job.job_id, 0.0))
         if not found or not found[0]:
             continue  # unknown, or a job that does not report progress: not judged
         ranks, idle = found

@@ -10,6 +10,10 @@
   behind the others) is never taken out: a user must not get nodes rebooted by writing
   records. Without a clear attribution the job restarts as it is and the suspects are
   only named in the event.
+- A hung job whose ``srun --auto-resume`` step is watched by its step-retry helper:
+  the step is told to end (``step_end``, with the hang, ``ending.HangEnd``) and retried
+  in place without the suspect node (``stepretry.plan.decide_step``); no requeue and
+  no suspect taken out here: the surgery takes it out, or the requeue it falls back to.
 - A hung job that is not auto-resume: the event and the metric, and a cancel when
   ``progress.cancel_unmanaged`` says so.
 - A straggler: the event (and its count toward the node's lemon score); never an
@@ -24,6 +28,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from hyperpod_agent.controller.autoresume import cap_of
 from hyperpod_agent.controller.config import ControllerConfig
+from hyperpod_agent.controller.hangs.ending import HangEnd
 from hyperpod_agent.controller.hangs.judge import Hang, Straggler
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
 from hyperpod_agent.reasons import Owner, Verb, format_reason
@@ -42,6 +47,18 @@ def _finding(kind: str, job_id: int, restart: int, cause: str, **extra: object) 
         cause,
         job_id=job_id,
         params=params,
+    )
+
+
+def _end_step(hang: Hang, cause: str) -> PlannedAction:
+    """Tell the hung job's watched step to end; its retry is judged against the hang."""
+    return PlannedAction(
+        Kind.STEP_END,
+        None,
+        "",
+        f"hang: {cause}",
+        job_id=hang.job_id,
+        params={"hang": HangEnd.of(hang).to_json()},
     )
 
 
@@ -136,6 +153,8 @@ def plan(
     actions: list[PlannedAction] = []
     hung: dict[int, str] = {}
     jobs = {j.job_id: j for j in snap.jobs}
+    # watched, not told to end yet (a told one is not judged: retrying_in_place)
+    watched = {j for j, end_at in snap.watched_jobs.items() if end_at is None}
     for hang in hangs:
         cause = hang.describe()
         if not hang.declared:
@@ -150,7 +169,9 @@ def plan(
                 )
             )
         job = jobs[hang.job_id]
-        if cap_of(job, snap, config.auto_resume.default_attempts) is not None:
+        if hang.job_id in watched:
+            actions.append(_end_step(hang, cause))
+        elif cap_of(job, snap, config.auto_resume.default_attempts) is not None:
             hung[hang.job_id] = f"hang: {cause}"
             actions += _suspect_actions(hang, config, snap.nodes, owner, busy)
         elif config.progress.cancel_unmanaged and not hang.declared:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from hyperpod_agent.controller import safety
 from hyperpod_agent.controller.autoresume import NO_RESTART_EXITS, cap_of, required_nodes
 from hyperpod_agent.controller.config import AutoResumeConfig, ControllerConfig
+from hyperpod_agent.controller.hangs.ending import HangEnd
 from hyperpod_agent.controller.replacement import SparePool
 from hyperpod_agent.controller.snapshot import Kind, PlannedAction, Snapshot
 from hyperpod_agent.controller.store.rows import FaultRow
@@ -54,6 +55,7 @@ class StepFailure:
     attempt: int  # the attempt that failed, 1 for the first launch
     cancelled: bool = False  # the user cancelled the step (scancel)
     started_at: float | None = None  # when its job started, as Slurm said (epoch)
+    hang: HangEnd | None = None  # the hang the controller ended the step for
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,15 @@ def _drain_reason(job_id: int, name: str, fault: FaultRow | None) -> str:
     return format_reason(Verb.REPLACE, "slurmd", "not_responding", f"step retry of job {job_id}")
 
 
+def _hang_reason(job_id: int, name: str, hang: HangEnd) -> str:
+    """A hang suspect's reason: the replace path's when the node itself shows why (a
+    rank stopped or in uninterruptible sleep); a deep check when only the job's own
+    records name it (a rank behind): a user's records never get a node held for
+    repair, and a node that passes its check comes back by itself."""
+    verb = Verb.REPLACE if name in hang.shown else Verb.CHECK
+    return format_reason(verb, f"job{job_id}", "hang", f"hung at step {hang.step}")
+
+
 def _limits(
     job: Job,
     name: str,
@@ -160,12 +171,17 @@ def decide_step(
     # A fault the node was over before this launch began did not end it.
     since = max(now - ar.fault_window_s, failure.started_at or 0.0)
     found = {n: why for n in failure.nodes if (why := attributable(n, snap, since))}
+    # A step the controller ended because its job hung, with no node fault to blame:
+    # the hang's suspects among its nodes are (no suspect: the job-level requeue).
+    hang = failure.hang if not found else None
+    if hang is not None:
+        found = {n: (f"hang: {hang.cause}", None) for n in hang.suspects if n in failure.nodes}
     # A node of the step that is no longer the job's: Slurm released it because it died
     # (a job submitted with --no-kill lives on without it), else the report is wrong.
     foreign = [n for n in failure.nodes if n not in job.nodes and n not in found]
     if foreign:
         return StepPlan(Outcome.FAIL, f"{','.join(foreign)} not among job {job.job_id}'s nodes")
-    if not found:
+    if not found and hang is None:
         return StepPlan(
             Outcome.FAIL,
             f"step {failure.step_id} failed (exit {failure.exit_code}) on healthy nodes "
@@ -175,11 +191,13 @@ def decide_step(
     # with its node's next report, which a step failing at once may outrun.
     if budget <= 0:
         return StepPlan(Outcome.FAIL, f"job {job.job_id} did not opt in (--auto-resume)")
-    what = "; ".join(why for why, _ in found.values())
+    what = f"hang: {hang.cause}" if hang is not None else "; ".join(w for w, _ in found.values())
     if job.state.upper() != "RUNNING":
         return StepPlan(Outcome.REQUEUE, f"{what}; job is {job.state.upper()}, not RUNNING")
     if any(a.job_id == job.job_id and a.kind == Kind.REQUEUE.value for a in snap.in_flight):
         return StepPlan(Outcome.REQUEUE, f"{what}; a job-level requeue is under way")
+    if not found:
+        return StepPlan(Outcome.REQUEUE, f"{what}; no suspect among the step's nodes")
     if len(found) > 1:
         return StepPlan(Outcome.REQUEUE, f"{what}; an in-place retry replaces one node")
     named = required_nodes(job)
@@ -198,6 +216,10 @@ def decide_step(
     if bad == batch and node is not None and not node.responding:
         # The batch script ran there: the job ended with it (Slurm's rule).
         return StepPlan(Outcome.REQUEUE, f"{what}; the job's batch host is dead")
+    if hang is not None and bad not in hang.shown and bad == batch:
+        # Only the job's records name it: it goes to a deep check, which would wait on
+        # the job it is the batch host of.
+        return StepPlan(Outcome.REQUEUE, f"{what}; the unclear suspect is the batch host")
     if parked is not None and parked != bad:
         # One node of a job may stay in it only as its batch host, and that one is.
         return StepPlan(
@@ -220,7 +242,9 @@ def decide_step(
         cause,
         bad_node=bad,
         spare=spare,
-        reason=_drain_reason(job.job_id, bad, fault),
+        reason=_hang_reason(job.job_id, bad, hang)
+        if hang
+        else _drain_reason(job.job_id, bad, fault),
         keep=keep,
     )
 

@@ -89,7 +89,7 @@ class StepWatch:
     """A running step's watch: renewed by its helper until ``expires_at``."""
 
     COLUMNS: ClassVar[str] = (
-        "job_id, step_id, attempt, expires_at, end_at, nodes, began, created_at"
+        "job_id, step_id, attempt, expires_at, end_at, nodes, began, created_at, hang"
     )
     job_id: int
     step_id: str
@@ -99,6 +99,8 @@ class StepWatch:
     nodes: tuple[str, ...]  # the job's nodes, read from Slurm when the watch began
     began: float  # the job's start, read from Slurm then (0: Slurm did not say)
     created_at: float
+    # The hang that ended the step (``HangEnd.to_json``), "" when none did.
+    hang: str = ""
 
     @classmethod
     def from_row(cls, r: tuple[Any, ...]) -> StepWatch:
@@ -111,6 +113,7 @@ class StepWatch:
             tuple(json.loads(r[5])),
             float(r[6]),
             float(r[7]),
+            r[8] or "",
         )
 
 
@@ -304,7 +307,7 @@ class StepLog(CheckLog):
                 "began, created_at) VALUES (?,?,?,?,NULL,?,?,?) ON CONFLICT (job_id, step_id) "
                 "DO UPDATE SET attempt=excluded.attempt, expires_at=excluded.expires_at, "
                 "end_at=NULL, nodes=excluded.nodes, began=excluded.began, "
-                "created_at=excluded.created_at",
+                "created_at=excluded.created_at, hang=''",
                 (job_id, step_id, attempt, now + ttl, json.dumps(list(nodes)), began, now),
             )
 
@@ -342,6 +345,29 @@ class StepLog(CheckLog):
             (now,),
         )
         return {int(r[0]): None if r[1] is None else float(r[1]) for r in rows}
+
+    def end_watches_for_hang(self, job_id: int, now: float, hang: str, event: EventIn) -> int:
+        """Tell the job's watched steps to end because the job hung: ``hang`` (its JSON)
+        is kept for their retry. Only live watches not told to end before; the event is
+        written with them, once. Returns how many were told."""
+        with self._tx(durable=True) as db:
+            told = db.execute(
+                "UPDATE step_watches SET end_at=?, hang=? "
+                "WHERE job_id=? AND expires_at>? AND end_at IS NULL",
+                (now, hang, job_id, now),
+            ).rowcount
+            if told:
+                self._put_event(db, event, now)
+        return int(told)
+
+    def watch_launches(self, now: float) -> dict[int, float]:
+        """Jobs with a step under watch at ``now``: job id -> when the oldest launch
+        under watch began (progress recorded before it is an earlier launch's)."""
+        rows = self._query(
+            "SELECT job_id, min(created_at) FROM step_watches WHERE expires_at>? GROUP BY job_id",
+            (now,),
+        )
+        return {int(r[0]): float(r[1]) for r in rows}
 
     def unwatch_job(self, job_id: int) -> None:
         """The job's steps are no longer under watch (its failure was answered)."""

@@ -1,0 +1,59 @@
+"""A hang that ends a watched step: what its retry needs to know of it. Pure.
+
+A job whose ``srun --auto-resume`` step is watched by its step-retry helper is not
+requeued when it hangs: the pass tells the step to end (the watch's answer), keeping
+this record with the watch, and the step's failure is then judged by
+``stepretry.plan.decide_step`` against it, so the step runs again in the same job
+without the suspect node. The record travels through the state store as JSON, so a
+standby that takes over between the end and the retry decides the same.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from hyperpod_agent.controller.hangs.judge import Hang
+
+
+@dataclass(frozen=True)
+class HangEnd:
+    cause: str  # the hang as declared (``Hang.describe``)
+    step: int  # the furthest step any rank finished
+    suspects: tuple[str, ...]  # the nodes the hang names
+    shown: tuple[str, ...]  # those of them whose evidence the node itself shows
+    clear: bool  # some, not all, of the job's nodes are suspects
+
+    @classmethod
+    def of(cls, hang: Hang) -> HangEnd:
+        return cls(hang.describe(), hang.step, hang.suspects, hang.shown, hang.clear)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "cause": self.cause,
+                "step": self.step,
+                "suspects": list(self.suspects),
+                "shown": list(self.shown),
+                "clear": self.clear,
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> HangEnd | None:
+        """The record, or None for "" (no hang ended the step) or a record this version
+        cannot read: then the step's failure is judged as if no hang had ended it."""
+        if not text:
+            return None
+        try:
+            d = json.loads(text)
+            return cls(
+                str(d["cause"]),
+                int(d["step"]),
+                tuple(str(n) for n in d["suspects"]),
+                tuple(str(n) for n in d["shown"]),
+                bool(d["clear"]),
+            )
+        except (ValueError, KeyError, TypeError):
+            return None
