@@ -56,7 +56,13 @@ def cluster(service_cluster: LocalCluster) -> Iterator[LocalCluster]:
 
 
 def submit(
-    cluster: LocalCluster, base: Path, seed: int, port: int, nodes: int = 2, steps: int = STEPS
+    cluster: LocalCluster,
+    base: Path,
+    seed: int,
+    port: int,
+    nodes: int = 2,
+    steps: int = STEPS,
+    auto_resume: int | None = None,
 ) -> tuple[int, Path, Path]:
     """train_ddp.sbatch on ``nodes`` nodes; (job id, its output file, its --out directory)."""
     out_dir = base / f"out-{time.time_ns()}"
@@ -69,7 +75,7 @@ def submit(
         steps=steps,
         step_time=STEP_TIME,
         ckpt_every=10,
-        auto_resume=None,  # the srun inside opts in
+        auto_resume=auto_resume,  # None: the srun inside opts in
         script=SCRIPT,
         extra=("--nodes", str(nodes)),
         env={
@@ -180,3 +186,36 @@ def test_a_frozen_rank_of_a_ddp_job_ends_its_step_and_it_runs_again_without_it(
     assert sorted(losses(out_dir)) == list(range(1, steps + 1))  # every step, each one way
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
     assert slurm.node(victim).reason.startswith(f"hyperpod:replace job{job_id} hang")
+
+
+def test_a_dead_node_of_a_ddp_job_requeues_it_and_it_resumes_where_it_was(
+    cluster: LocalCluster,
+) -> None:
+    """The documented fallback for a node that dies outright (docs/auto-resume.md): on
+    Slurm 22.05 a dead node's step stays RUNNING on it even in a --no-kill job, so no
+    step can be retried in place; the job is requeued (``sbatch --auto-resume=1``) and
+    resumes from the newest step all ranks hold. Its cost is printed."""
+    seed, rng, base = seeded("train_ddp dead-node drill")
+    job_id, out, out_dir = submit(cluster, base, seed, 29640, auto_resume=1)
+    job = reach(cluster, job_id, out, 15)
+    victim = rng.choice(sorted(n for n in job.nodes if n != job.batch_host))
+    print(f"node crash of {victim} (of {sorted(job.nodes)}; batch host {job.batch_host})")
+    crashed_at = time.time()
+    cluster.node_crash(victim)
+    done = drill.wait_job_end(cluster, job_id, timeout=240)
+    text = out.read_text()
+    assert done.state == "COMPLETED", text[-3000:]
+    assert done.restart_count == 1, "requeued once"
+    log = drill.parse_train_log(text)
+    before, after = log.attempts[0], log.attempts[-1]
+    assert victim not in after.nodes
+    last_before = max(s for s, _ in before.steps)
+    assert after.resumed_from is not None and after.resumed_at is not None
+    assert sorted(losses(out_dir)) == list(range(1, STEPS + 1))  # every step, each one way
+    first_new = min(at for s, at in after.steps if s > after.resumed_from)
+    print(
+        f"dead node {victim}: running again +{after.started_at - crashed_at:.2f} s, "
+        f"first new step +{first_new - crashed_at:.2f} s, "
+        f"steps lost {last_before - after.resumed_from} (resumed from {after.resumed_from}, "
+        f"reached {last_before})"
+    )

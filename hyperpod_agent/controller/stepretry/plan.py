@@ -36,6 +36,8 @@ from hyperpod_agent.slurm.models import Job, Node
 # NVIDIA resiliency-ext's in-job restart: a rank exiting with this asks not to be restarted.
 DO_NOT_RESTART = 93
 CLEAN_STOP = 130  # the same convention's clean stop (SIGINT): not a failure to mend
+# The agent's slurmd probe: the node's slurmd is gone or does not answer.
+SLURMD_GONE = ("slurmd_down", "slurmd_unresponsive")
 
 
 class Outcome(enum.StrEnum):
@@ -104,11 +106,22 @@ def attributable(name: str, snap: Snapshot, since: float) -> tuple[str, FaultRow
     return None
 
 
-def _drain_reason(job_id: int, name: str, fault: FaultRow | None) -> str:
-    """Today's replace reason for the fault; a dead node's names slurmd."""
+def _drain_reason(job_id: int, fault: FaultRow | None, snap_reason: str) -> str:
+    """Today's replace reason for the fault; a node out under our reason without an
+    open fault keeps the component and code of that reason."""
     if fault is not None:
         return format_reason(Verb.REPLACE, fault.component, fault.code, fault.message)
-    return format_reason(Verb.REPLACE, "slurmd", "not_responding", f"step retry of job {job_id}")
+    ours = parse_reason(snap_reason) if snap_reason else None
+    component, code = (ours.component, ours.code) if ours is not None else ("node", "out")
+    return format_reason(Verb.REPLACE, component, code, f"step retry of job {job_id}")
+
+
+def _dead(node: Node | None, fault: FaultRow | None) -> bool:
+    """The node no longer runs anything of ours: not responding to slurmctld, or its
+    agent found its slurmd gone (reported before slurmctld's own timeout)."""
+    if node is not None and not node.responding:
+        return True
+    return fault is not None and fault.component == "slurmd" and fault.code in SLURMD_GONE
 
 
 def _hang_reason(job_id: int, name: str, hang: HangEnd) -> str:
@@ -216,6 +229,11 @@ def decide_step(
     if bad == batch and node is not None and not node.responding:
         # The batch script ran there: the job ended with it (Slurm's rule).
         return StepPlan(Outcome.REQUEUE, f"{what}; the job's batch host is dead")
+    if _dead(node, fault):
+        # Slurm (22.05) keeps the dead node's part of the step RUNNING, even once the
+        # node left the job: no new step gets the other nodes' CPUs ("Requested nodes
+        # are busy"). Only ending the job ends that step.
+        return StepPlan(Outcome.REQUEUE, f"{what}; the step stays on the dead node in Slurm")
     if hang is not None and bad not in hang.shown and bad == batch:
         # Only the job's records name it: it goes to a deep check, which would wait on
         # the job it is the batch host of.
@@ -244,7 +262,7 @@ def decide_step(
         spare=spare,
         reason=_hang_reason(job.job_id, bad, hang)
         if hang
-        else _drain_reason(job.job_id, bad, fault),
+        else _drain_reason(job.job_id, fault, node.reason if node else ""),
         keep=keep,
     )
 

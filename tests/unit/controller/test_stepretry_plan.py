@@ -52,8 +52,12 @@ class Case:
 
 CASES = [
     Case("urgent fault and a spare", Outcome.RETRYSTEP, "gpu3 xid79 on node2: node5 stands in"),
-    Case("dead node", Outcome.RETRYSTEP, "node2 not responding (DOWN)", faults=(),
-         changes={"node5": SPARE5, "node2": DEAD2}),
+    # Slurm keeps a dead node's part of the step RUNNING: no new step could start
+    Case("dead node", Outcome.REQUEUE, "node2 not responding (DOWN); the step stays on the dead",
+         faults=(), changes={"node5": SPARE5, "node2": DEAD2}),
+    Case("slurmd gone, its agent says", Outcome.REQUEUE, "the step stays on the dead node",
+         faults=(fault("node2", component="slurmd", code="slurmd_down", action="REBOOT",
+                       urgent=True),)),
     Case("out under our reason", Outcome.RETRYSTEP, "node2 out under 'hyperpod:drain agent x'",
          faults=(), changes={"node5": SPARE5, "node2": OURS2}),
     Case("closed fault within the window", Outcome.RETRYSTEP, "xid79 on node2",
@@ -85,7 +89,7 @@ CASES = [
     Case("a node not the job's", Outcome.FAIL, "node9 not among job 12's nodes",
          failure=replace(FAILURE, nodes=("node1", "node9"))),
     # sbatch --no-kill: Slurm took the dead node out of the job itself; it is the bad one
-    Case("a dead node Slurm released", Outcome.RETRYSTEP, "node2 not responding (DOWN)",
+    Case("a dead node Slurm released", Outcome.REQUEUE, "the step stays on the dead node",
          job=replace(JOB, nodes=("node1", "node3")), faults=(),
          changes={"node5": SPARE5, "node2": DEAD2}),
     Case("no spare", Outcome.REQUEUE, "no spare left in partitions main", changes={}),
@@ -178,10 +182,10 @@ def test_a_fault_on_the_batch_host_keeps_it_in_the_job_and_the_step_off_it() -> 
     assert plan.reason == "hyperpod:replace gpu3 xid79 boom"  # nothing else lands on it
 
 
-def test_a_dead_node_without_a_fault_is_drained_naming_slurmd() -> None:
-    c = CASES[1]
+def test_a_node_out_under_our_reason_keeps_its_component_and_code() -> None:
+    c = next(c for c in CASES if c.id == "out under our reason")
     plan = decide_step(JOB, FAILURE, snapshot(c), config(), NOW)
-    assert plan.reason == "hyperpod:replace slurmd not_responding step retry of job 12"
+    assert plan.reason == "hyperpod:replace agent x step retry of job 12"
 
 
 def test_a_spare_under_another_surgery_is_not_promised_again() -> None:
@@ -197,12 +201,6 @@ def test_retries_of_the_same_step_back_off_as_requeues_do() -> None:
     assert backoff_s([NOW - 30, NOW - 4], NOW, ar) == 16.0  # then 20 s
     assert backoff_s([NOW - 90, NOW - 60, NOW - 1], NOW, ar) == 24.0  # capped at 25 s
     assert backoff_s([NOW - 60], NOW, ar) == 0.0  # long past
-
-
-def test_a_dead_node_slurm_released_is_drained_and_the_job_kept_as_it_is() -> None:
-    c = next(c for c in CASES if c.id == "a dead node Slurm released")
-    plan = decide_step(c.job, c.failure, snapshot(c), config(), NOW)
-    assert (plan.bad_node, plan.spare, plan.keep) == ("node2", "node5", ("node1", "node3"))
 
 
 def test_a_parked_batch_host_runs_no_step_of_its_job_again() -> None:
