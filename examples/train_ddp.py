@@ -122,6 +122,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="S",
         help="extra compute per step, as a larger model would spend (sleep)",
     )
+    p.add_argument(
+        "--burn",
+        action="store_true",
+        help="spend --step-time on the CPU (a busy loop) instead of sleeping, so a rank "
+        "slowed from outside (a CPU quota, stop/continue) computes more slowly, as a slow "
+        "GPU would",
+    )
     p.add_argument("--slow-rank", type=int, metavar="R", help="straggler drill: this rank...")
     p.add_argument(
         "--slow-factor", type=float, default=1.0, metavar="F", help="...spends F times --step-time"
@@ -258,6 +265,14 @@ def restore(ckpt: Checkpointer, rank: int, world: int, say: Any) -> tuple[int, A
     return step, state
 
 
+def _burn(seconds: float) -> None:
+    """Spin until this thread has had ``seconds`` of CPU: a stopped or throttled rank
+    takes longer by exactly the time it did not run."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
 def train(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     rank = int_env(env, ("RANK", "SLURM_PROCID"), 0)
     world = int_env(env, ("WORLD_SIZE", "SLURM_NTASKS"), 1)
@@ -328,7 +343,9 @@ def _loop(
                 opt.zero_grad(set_to_none=False)
                 loss = F.mse_loss(model(x), y)
                 loss.backward()  # type: ignore[no-untyped-call]
-                if extra:
+                if extra and args.burn:
+                    _burn(extra)
+                elif extra:
                     time.sleep(extra)
             grads = [p.grad for p in params if p.grad is not None]
             assert len(grads) == len(params), "every parameter has a gradient"

@@ -59,12 +59,9 @@ def step_end(store: Store, pa: PlannedAction, now: float) -> None:
     renewal, within a second), with the hang kept for their retry."""
     assert pa.job_id is not None
     message = f"watched step of job {pa.job_id} told to end: {pa.cause}"
-    told = store.end_watches_for_hang(
-        pa.job_id,
-        now,
-        str(pa.params["hang"]),
-        EventIn("step_end", message, None, pa.job_id, pa.cause),
-    )
+    # the event's cause is the hang's record: the step's retry reads it back
+    event = EventIn("step_end", message, None, pa.job_id, str(pa.params["hang"]))
+    told = store.end_watches_for_hang(pa.job_id, now, event)
     if told:
         log.warning("%s", message)
 

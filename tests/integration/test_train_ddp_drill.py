@@ -18,8 +18,11 @@ without it and restores from the replica its peer holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,17 +66,20 @@ def submit(
     nodes: int = 2,
     steps: int = STEPS,
     auto_resume: int | None = None,
+    step_time: float = STEP_TIME,
+    burn: bool = False,
+    peer_port: int = PEER_PORT,
 ) -> tuple[int, Path, Path]:
     """train_ddp.sbatch on ``nodes`` nodes; (job id, its output file, its --out directory)."""
     out_dir = base / f"out-{time.time_ns()}"
     args = (
         f"--peer-host 127.0.0.1 --memory-per-node {base / 'shm'} --seed {seed} "
-        f"--eval-every 20 --threads 1 --out {out_dir}"
+        f"--eval-every 20 --threads 1 --out {out_dir}" + (" --burn" if burn else "")
     )
     job_id, out = drill.submit_training(
         cluster,
         steps=steps,
-        step_time=STEP_TIME,
+        step_time=step_time,
         ckpt_every=10,
         auto_resume=auto_resume,  # None: the srun inside opts in
         script=SCRIPT,
@@ -81,7 +87,7 @@ def submit(
         env={
             "TRAIN_SCRIPT": str(drill.EXAMPLES / "train_ddp.py"),
             "TRAIN_DDP_ARGS": args,
-            "TRAIN_DDP_PEER_PORT": str(PEER_PORT),
+            "TRAIN_DDP_PEER_PORT": str(peer_port),
             "MASTER_PORT": str(port),
             "HYPERPOD_CHECKPOINT_DIR": str(base / f"ckpt-{time.time_ns()}"),
         },
@@ -219,3 +225,71 @@ def test_a_dead_node_of_a_ddp_job_requeues_it_and_it_resumes_where_it_was(
         f"steps lost {last_before - after.resumed_from} (resumed from {after.resumed_from}, "
         f"reached {last_before})"
     )
+
+
+@contextlib.contextmanager
+def slowed(
+    pids: list[int], share: float, period_s: float = 0.1, max_s: float = 240.0
+) -> Iterator[None]:
+    """Run ``pids`` at ``share`` of full speed: stopped for the rest of every period
+    (SIGSTOP/SIGCONT), for at most ``max_s``; always continued at the end."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        end = time.monotonic() + max_s
+        while not done.is_set() and time.monotonic() < end:
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+            time.sleep(period_s * (1.0 - share))
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            done.wait(period_s * share)
+
+    thread = threading.Thread(target=cycle, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join(10)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def test_a_rank_slowed_to_60_percent_is_named_a_straggler_and_a_uniform_run_is_not(
+    cluster: LocalCluster,
+) -> None:
+    """In a synchronous job every rank's step lasts as long as the slowest's: only the
+    time each spends computing (train_ddp records it apart from the all-reduce) tells
+    the slow one. Its compute is CPU work (``--burn``), slowed from outside to 60 % by
+    a stop/continue duty cycle; a uniform run of 500 steps beside it names nobody."""
+    seed, rng, base = seeded("train_ddp straggler drill")
+    slow_id, slow_out, _ = submit(cluster, base, seed, 29650, steps=400, step_time=0.1, burn=True)
+    even_id, _, _ = submit(
+        cluster, base, seed, 29660, steps=500, step_time=0.02, peer_port=PEER_PORT + 10
+    )
+    try:
+        drill.wait_for(
+            f"job {slow_id}'s ranks to record",
+            120,
+            lambda: len(drill.rank_records(cluster, slow_id)) == 2,
+        )
+        records = drill.rank_records(cluster, slow_id)
+        victim = rng.choice(sorted(records))
+        [rank] = records[victim]
+        print(f"{victim} (rank {rank.rank}, pid {rank.pid}) at 60 % from step {rank.step}")
+        with slowed([rank.pid], 0.6):
+            started = rank.step
+            [found] = drill.wait_for(
+                "the straggler declared", 120, lambda: events(cluster, "straggler", slow_id), 0.5
+            )
+            [now] = drill.rank_records(cluster, slow_id)[victim]
+        assert found["node"] == victim and f"{victim} straggles" in found["message"], found
+        assert now.step - started <= 30, f"named at step {now.step}, slowed from {started}"
+        done = drill.wait_job_end(cluster, even_id, timeout=180)
+        assert done.state == "COMPLETED", done
+        assert events(cluster, "straggler", even_id) == []
+    finally:
+        for job_id in (slow_id, even_id):
+            SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10).cancel(job_id)

@@ -168,7 +168,14 @@ class Steps:
             for n in j.nodes
         }
         mine = tuple(n for n in row.nodes if n in job.nodes or n not in held)
-        return mine, began, HangEnd.from_json(row.hang)
+        return mine, began, self._hang(row)
+
+    def _hang(self, row: StepWatch) -> HangEnd | None:
+        """The hang the pass ended this launch for (its ``step_end`` since the launch
+        began), or None: only asked once the launch was told to end."""
+        if row.end_at is None:
+            return None
+        return HangEnd.latest(self.controller.store.step_end_causes(row.job_id, row.created_at))
 
     # -- POST /v1/steps/watch ---------------------------------------------------------
     def watch(self, who: Identity, body: StepWatchIn) -> StepWatchOut:
@@ -218,7 +225,7 @@ class Steps:
             row.job_id, row.step_id, now, WATCH_TTL_S, None if first is None else min(first, now)
         )
         cause = "; ".join(why for why, _ in found)
-        hang = HangEnd.from_json(row.hang)
+        hang = self._hang(row)
         if hang is not None:  # told by the pass (its event is out): the hang ends it too
             cause = "; ".join(x for x in (cause, f"hang: {hang.cause}") if x)
         if told and observe:

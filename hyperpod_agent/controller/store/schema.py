@@ -112,9 +112,4 @@ MIGRATIONS: list[str] = [
     ALTER TABLE step_retries ADD COLUMN owner_uid INTEGER;
     CREATE INDEX step_retries_job ON step_retries(job_id, id);
     """,
-    # 11: a step told to end because its job hung: the hang (cause, suspects, which of
-    # them the nodes themselves show), for the step's retry to be made without them.
-    """
-    ALTER TABLE step_watches ADD COLUMN hang TEXT NOT NULL DEFAULT '';
-    """,
 ]

@@ -89,7 +89,7 @@ class StepWatch:
     """A running step's watch: renewed by its helper until ``expires_at``."""
 
     COLUMNS: ClassVar[str] = (
-        "job_id, step_id, attempt, expires_at, end_at, nodes, began, created_at, hang"
+        "job_id, step_id, attempt, expires_at, end_at, nodes, began, created_at"
     )
     job_id: int
     step_id: str
@@ -99,8 +99,6 @@ class StepWatch:
     nodes: tuple[str, ...]  # the job's nodes, read from Slurm when the watch began
     began: float  # the job's start, read from Slurm then (0: Slurm did not say)
     created_at: float
-    # The hang that ended the step (``HangEnd.to_json``), "" when none did.
-    hang: str = ""
 
     @classmethod
     def from_row(cls, r: tuple[Any, ...]) -> StepWatch:
@@ -113,7 +111,6 @@ class StepWatch:
             tuple(json.loads(r[5])),
             float(r[6]),
             float(r[7]),
-            r[8] or "",
         )
 
 
@@ -307,7 +304,7 @@ class StepLog(CheckLog):
                 "began, created_at) VALUES (?,?,?,?,NULL,?,?,?) ON CONFLICT (job_id, step_id) "
                 "DO UPDATE SET attempt=excluded.attempt, expires_at=excluded.expires_at, "
                 "end_at=NULL, nodes=excluded.nodes, began=excluded.began, "
-                "created_at=excluded.created_at, hang=''",
+                "created_at=excluded.created_at",
                 (job_id, step_id, attempt, now + ttl, json.dumps(list(nodes)), began, now),
             )
 
@@ -346,19 +343,29 @@ class StepLog(CheckLog):
         )
         return {int(r[0]): None if r[1] is None else float(r[1]) for r in rows}
 
-    def end_watches_for_hang(self, job_id: int, now: float, hang: str, event: EventIn) -> int:
-        """Tell the job's watched steps to end because the job hung: ``hang`` (its JSON)
-        is kept for their retry. Only live watches not told to end before; the event is
-        written with them, once. Returns how many were told."""
+    def end_watches_for_hang(self, job_id: int, now: float, event: EventIn) -> int:
+        """Tell the job's watched steps to end because the job hung. Only live watches
+        not told before; ``event`` (a ``step_end`` whose cause is the hang's record,
+        ``hangs.ending.HangEnd``: the state's schema stays as the release before reads
+        it) is written with them, once. Returns how many were told."""
         with self._tx(durable=True) as db:
             told = db.execute(
-                "UPDATE step_watches SET end_at=?, hang=? "
+                "UPDATE step_watches SET end_at=? "
                 "WHERE job_id=? AND expires_at>? AND end_at IS NULL",
-                (now, hang, job_id, now),
+                (now, job_id, now),
             ).rowcount
             if told:
                 self._put_event(db, event, now)
         return int(told)
+
+    def step_end_causes(self, job_id: int, since: float) -> list[str]:
+        """The causes of the job's ``step_end`` events after ``since``, oldest first."""
+        rows = self._query(
+            "SELECT cause FROM events WHERE job_id=? AND kind='step_end' AND at>? "
+            "ORDER BY id LIMIT 20",
+            (job_id, since),
+        )
+        return [str(r[0]) for r in rows]
 
     def watch_launches(self, now: float) -> dict[int, float]:
         """Jobs with a step under watch at ``now``: job id -> when the oldest launch

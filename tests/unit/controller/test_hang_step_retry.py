@@ -12,7 +12,7 @@ from test_hangs import HUNG, JOB, kinds, rank, training
 from test_stepretry_plan import JOB as PLAN_JOB
 
 from hyperpod_agent.controller.hangs.ending import HangEnd
-from hyperpod_agent.controller.hangs.judge import judge
+from hyperpod_agent.controller.hangs.judge import Hang, judge
 from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.snapshot import Kind, Snapshot
 from hyperpod_agent.controller.stepretry.plan import Outcome, StepFailure, decide_step
@@ -69,22 +69,37 @@ def test_the_hang_is_kept_with_the_watch_told_once_and_cleared_by_the_next_launc
     store: Store,
 ) -> None:
     store.start_watch(12, "s1", 1, ("node1", "node2"), NOW - 3600, NOW, TTL)
-    hang = HangEnd("job 12 hung", 100, ("node2",), ("node2",), True).to_json()
-    event = EventIn("step_end", "told", None, 12, "hang")
-    assert store.end_watches_for_hang(12, NOW + 1, hang, event) == 1
-    assert store.end_watches_for_hang(12, NOW + 2, hang, event) == 0  # told already
+    hang = HangEnd("job 12 hung", 100, ("node2",), ("node2",), True)
+    event = EventIn("step_end", "told", None, 12, hang.to_json())
+    assert store.end_watches_for_hang(12, NOW + 1, event) == 1
+    assert store.end_watches_for_hang(12, NOW + 2, event) == 0  # told already
     row = store.step_watch(12, "s1")
-    assert row is not None and row.end_at == NOW + 1 and HangEnd.from_json(row.hang) is not None
+    assert row is not None and row.end_at == NOW + 1
+    assert HangEnd.latest(store.step_end_causes(12, row.created_at)) == hang
     assert store.watched_jobs(NOW + 2) == {12: NOW + 1}
     assert [e.kind for e in store.events(limit=10)].count("step_end") == 1
     assert store.watch_launches(NOW + 2) == {12: NOW}
-    # the relaunch is watched anew: told nothing, no hang, launched now
+    # the relaunch is watched anew: told nothing, and the hang is the launch before's
     store.start_watch(12, "s1", 2, ("node1", "node5"), NOW - 3600, NOW + 30, TTL)
     row = store.step_watch(12, "s1")
-    assert row is not None and (row.end_at, row.hang) == (None, "")
+    assert row is not None and row.end_at is None
+    assert HangEnd.latest(store.step_end_causes(12, row.created_at)) is None
     assert store.watch_launches(NOW + 31) == {12: NOW + 30}
     # an expired watch is not told
-    assert store.end_watches_for_hang(12, NOW + 30 + TTL + 1, hang, event) == 0
+    assert store.end_watches_for_hang(12, NOW + 30 + TTL + 1, event) == 0
+
+
+def test_the_record_fits_an_events_cause_and_a_faults_cause_is_no_hang() -> None:
+    many = tuple(f"node-{'x' * 60}-{i}" for i in range(40))
+    hang = Hang(12, 0, 7, 60.0, 5.0, 0.5, many, "y" * 2000, False, shown=many[:2])
+    record = HangEnd.of(hang)
+    text = record.to_json()
+    assert len(text) <= 480, len(text)
+    back = HangEnd.from_json(text)
+    assert back is not None and back.suspects == many[:3] and back.shown == many[:2]
+    assert len(back.suspects) > 1  # still "several": the retry falls back to a requeue
+    assert HangEnd.latest(["gpu3 xid79 on node2", text, "slurmd slurmd_down on node3"]) == back
+    assert HangEnd.latest(["gpu3 xid79 on node2"]) is None
 
 
 def test_a_record_this_version_cannot_read_is_no_hang() -> None:
@@ -182,8 +197,8 @@ def test_a_watched_step_the_pass_ended_for_a_hang_is_retried_without_its_suspect
     # the pass's step_end (what records.step_end writes): node2's rank is stopped
     now = api.controller.clock()
     ended = HangEnd("job 12 hung: no rank advanced", 40, ("node2",), ("node2",), True)
-    event = EventIn("step_end", "told", None, 12, "hang")
-    assert api.store.end_watches_for_hang(12, now, ended.to_json(), event) == 1
+    event = EventIn("step_end", "told", None, 12, ended.to_json())
+    assert api.store.end_watches_for_hang(12, now, event) == 1
     out = watch(api).json()
     assert out["end"] is True and out["cause"] == "hang: job 12 hung: no rank advanced"
     # the pass leaves the told job to the step retry: no requeue, no reboot of node2
