@@ -1,6 +1,6 @@
 """Benchmark and projections of the goodput simulator (hyperpod simulate).
 
-    .venv/bin/python bench/simulate.py --speed            # wall seconds, events per second
+    .venv/bin/python bench/simulate.py --speed            # CPU seconds, events per second
     .venv/bin/python bench/simulate.py --projection --plots docs/img
     .venv/bin/python bench/simulate.py --projection --sizes 12500 --rates 6.5   # one row
 
@@ -11,7 +11,8 @@ core) and 12,500 nodes x 365 days (target under 10 minutes), each strategy in tu
 --projection prints the docs/goodput.md table: ETTR at 2,048 and 12,500 nodes (x 8 GPUs)
 at 2.3, 3.8 and 6.5 faults per 1,000 node-days for the four strategies (one simulated
 month, seed 1, 5 % of the nodes as spares, checkpoints every 30 minutes); with --plots,
-the sweep plots (2,048 nodes, 3.8, two weeks) and the timeline of the month.
+the sweep plots (2,048 nodes, 3.8, two weeks) and the timeline of the month (matplotlib:
+.venv/bin/pip install -e '.[plots]').
 """
 
 from __future__ import annotations
@@ -113,7 +114,10 @@ def main() -> None:
     ap.add_argument("--plots", type=Path, default=None, help="--projection: PNGs here")
     args = ap.parse_args()
     if args.plots is not None:
-        plots.require()
+        try:
+            plots.require()
+        except plots.PlotsUnavailable as exc:
+            ap.error(str(exc))
     try:
         sizes = [int(n) for n in args.sizes.split(",")]
         rates = [float(r) for r in args.rates.split(",")]

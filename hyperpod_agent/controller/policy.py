@@ -6,8 +6,10 @@ test. The executor applies the result (DESIGN §1, STYLE rule 5).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import replace
 
 from hyperpod_agent.controller import autoresume, safety
@@ -19,6 +21,7 @@ from hyperpod_agent.controller.hangs.memory import HangMemory
 from hyperpod_agent.controller.intents import REBOOT_FLAGS
 from hyperpod_agent.controller.replacement import (
     SUPERSEDED,
+    SpareFacts,
     SparePool,
     resumable_job_on,
     spare_ready,
@@ -32,7 +35,7 @@ from hyperpod_agent.controller.snapshot import (
     Snapshot,
     left_to_step_retry,
 )
-from hyperpod_agent.controller.store.rows import FaultRow
+from hyperpod_agent.controller.store.rows import ActionRow, FaultRow
 from hyperpod_agent.health import Action, Verdict
 from hyperpod_agent.reasons import (
     SPARE,
@@ -42,7 +45,6 @@ from hyperpod_agent.reasons import (
     format_reason,
     owner_of,
     parse_admin_request,
-    parse_reason,
 )
 from hyperpod_agent.slurm.models import Node
 
@@ -67,14 +69,21 @@ USER_FILLABLE = frozenset({"fs_full", "fs_inodes_full", "fs_space_low", "fs_inod
 CONFIG_PREFIX = "config_"
 
 
-def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float) -> Action:
+def _escalated(
+    fault: FaultRow,
+    history: Sequence[FaultRow],
+    done: Sequence[ActionRow],
+    policy: PolicyConfig,
+    now: float,
+) -> Action:
     """RESET -> REBOOT -> REPLACE for each repeat of the component within the window.
 
     A repeat is another fault of the same component first seen in the window in another
     report, or a reboot/replace we completed on the node after this fault was first
     seen (the fault came back, or never left, after the remedy). A DRAIN is never
     escalated, however often it repeats (a disk users fill again is no reason to
-    reboot), nor is it a repeat of another remedy.
+    reboot), nor is it a repeat of another remedy. ``history`` and ``done``: the
+    snapshot's rows, or the node's only.
     """
     base = Action(fault.action)
     if base.rank < Action.RESET.rank:
@@ -82,7 +91,7 @@ def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float
     since = now - policy.escalation_window_s
     repeats = sum(
         1
-        for h in snap.history
+        for h in history
         if h.node == fault.node
         and h.component == fault.component
         and h.id != fault.id
@@ -95,7 +104,7 @@ def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float
     )
     repeats += sum(
         1
-        for a in snap.done
+        for a in done
         if a.node == fault.node
         and a.kind in REMEDIATIONS
         and a.updated_at >= fault.first_seen
@@ -105,6 +114,12 @@ def _escalated(fault: FaultRow, snap: Snapshot, policy: PolicyConfig, now: float
     for _ in range(repeats):
         action = action.escalate()
     return action
+
+
+# ``owner_of`` is a pure function of the (frozen) node and the Slurm users; each node is
+# asked several times a pass (its rules, the urgent nodes, the hang plan), and an
+# unchanged node pass after pass, so the answers are kept.
+_owner = functools.lru_cache(maxsize=8192)(owner_of)
 
 
 class _Ctx:
@@ -121,16 +136,26 @@ class _Ctx:
         self.faults: dict[str, list[FaultRow]] = defaultdict(list)
         for f in snap.open_faults:
             self.faults[f.node].append(f)
+        # Each node's history and completed actions, filed once: the rules read them per
+        # node, and a scan of the whole history for every node made a pass quadratic.
+        self.history: dict[str, list[FaultRow]] = defaultdict(list)
+        for h in snap.history:
+            self.history[h.node].append(h)
+        self.done: dict[str, list[ActionRow]] = defaultdict(list)
+        for a in snap.done:
+            if a.node is not None:
+                self.done[a.node].append(a)
         self.slurm_users = (config.slurm_user,)
         # Only the spare pool brings another node in; other providers rebuild the same one.
+        self.spare_facts = SpareFacts(snap, now)
         self.spares = (
-            SparePool(snap, config.policy, now, config.deep_checks)
+            SparePool(snap, config.policy, now, config.deep_checks, self.spare_facts)
             if config.provider.kind == "spare_pool"
             else None
         )
 
     def owner(self, node: Node) -> Owner:
-        return owner_of(node, self.slurm_users)
+        return _owner(node, self.slurm_users)
 
     def with_spare(self, action: PlannedAction) -> PlannedAction:
         """Promise a spare to a replacement, so two replacements never count on one."""
@@ -156,9 +181,10 @@ class _Ctx:
         health = self.snap.health.get(node.name)
         if self.stale(node, health):
             return []
+        history, done = self.history.get(node.name, []), self.done.get(node.name, [])
         out = []
         for f in self.faults.get(node.name, []):
-            action = _escalated(f, self.snap, self.policy, self.now)
+            action = _escalated(f, history, done, self.policy, self.now)
             if action.takes_out:
                 out.append((f, action))
         return out
@@ -170,9 +196,8 @@ class _Ctx:
         since = self.now - self.policy.lemon_window_s
         faults = sum(
             1
-            for h in self.snap.history
-            if h.node == name
-            and h.first_seen >= since
+            for h in self.history.get(name, ())
+            if h.first_seen >= since
             and h.code not in USER_FILLABLE
             and not h.code.startswith(CONFIG_PREFIX)
             and h.action != Action.DRAIN.value
@@ -264,7 +289,7 @@ def _node_rules(ctx: _Ctx, node: Node) -> list[PlannedAction]:
         return []  # a spare, or a human's or another tool's node: never touched
     if owner is Owner.REQUEST and (verb := parse_admin_request(reason)) is not None:
         return _admin(node, verb)
-    ours: OwnedReason | None = parse_reason(reason) if owner is Owner.US else None
+    ours: OwnedReason | None = safety.parsed_reason(reason) if owner is Owner.US else None
     if ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE, Verb.SPARE):
         return []  # held for repair, or managed by the provider
     faults = ctx.actionable(node)
@@ -388,7 +413,8 @@ def decide(
     ready = {
         n.name
         for n in snap.nodes.values()
-        if n.reason.strip() == SPARE and spare_ready(n, snap, config.policy, now) is None
+        if n.reason.strip() == SPARE
+        and spare_ready(n, snap, config.policy, now, facts=ctx.spare_facts) is None
     }
     planned += deepcheck_plan.plan_spare_checks(snap, config.deep_checks, now, ready, ctx.busy)
     hangs, stragglers = hang_rules.judge(snap, config.progress, now, hang_memory)
@@ -406,10 +432,15 @@ def decide(
     )
     limits = safety.limit_take_outs(snap, config.policy, planned)
     planned = limits.allowed
+    # Auto-resume reads the urgent nodes among its jobs' nodes only, so no other node's
+    # faults are escalated for it (a node held for repair stays in view for days).
+    on_jobs = {name for j in snap.jobs for name in j.nodes}
     urgent_nodes = {a.node for a in planned if a.urgent and a.node} | {
         n.name
         for n in snap.nodes.values()
-        if ctx.owner(n) is Owner.US and any(f.urgent for f, _ in ctx.actionable(n))
+        if n.name in on_jobs
+        and ctx.owner(n) is Owner.US
+        and any(f.urgent for f, _ in ctx.actionable(n))
     }
     job_actions, job_events = autoresume.plan(
         snap, config, now, urgent_nodes, ctx.faults, planned, hung

@@ -9,6 +9,8 @@ lands on healthy nodes only.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from hyperpod_agent.controller.autoresume import cap_of, required_nodes
 from hyperpod_agent.controller.config import ControllerConfig, PolicyConfig
 from hyperpod_agent.controller.config_deep import DeepCheckConfig
@@ -26,18 +28,32 @@ from hyperpod_agent.slurm.models import Node
 SUPERSEDED = (Action.RESET, Action.REBOOT)
 
 
+class SpareFacts:
+    """What :func:`spare_ready` reads of the snapshot about any spare, derived once for
+    all the spares of a pass (per spare, it made the pool quadratic in the nodes)."""
+
+    def __init__(self, snap: Snapshot, now: float) -> None:
+        self.held = held_by_step_retry(snap, now)
+        self.acted_on = {a.node for a in snap.in_flight if a.node is not None}
+        self.fault_codes: dict[str, list[str]] = defaultdict(list)
+        for f in snap.open_faults:
+            self.fault_codes[f.node].append(f.code)
+
+
 def spare_ready(
     node: Node,
     snap: Snapshot,
     policy: PolicyConfig,
     now: float,
     deep: DeepCheckConfig | None = None,
+    facts: SpareFacts | None = None,
 ) -> str | None:
     """Why ``node`` may not be swapped in now, or None when it may: a spare must be
     responding, left to itself (not rebooting, no intent of ours open on it, no deep
     check under way), and its agent's latest verdict healthy, recent and made since its
     last boot, with no open fault; with ``deep`` gating spares, qualified by a deep
-    check. A spare nobody vouches for is not put under a job."""
+    check. A spare nobody vouches for is not put under a job. ``facts`` are the
+    snapshot's (built here when not given)."""
     if node.reason.strip() != SPARE:
         return "not a spare"
     if not node.responding:
@@ -50,9 +66,11 @@ def spare_ready(
         return "rebooting"
     if node.name in snap.checking:
         return "a deep check is under way on it"
-    if any(a.node == node.name for a in snap.in_flight):
+    if facts is None:
+        facts = SpareFacts(snap, now)
+    if node.name in facts.acted_on:
         return "an action of ours is under way on it"
-    if node.name in held_by_step_retry(snap, now):
+    if node.name in facts.held:
         return "a step retry holds it"
     health = snap.health.get(node.name)
     if health is None or health.verdict is None or health.generated_at is None:
@@ -63,7 +81,7 @@ def spare_ready(
         return f"no word from its agent for > {policy.heartbeat_timeout_s:g} s"
     if node.boot_time is not None and health.generated_at < node.boot_time.timestamp():
         return "its agent has not reported since it booted"
-    faults = sorted(f.code for f in snap.open_faults if f.node == node.name)
+    faults = sorted(facts.fault_codes.get(node.name, ()))
     if faults:
         return f"open faults {', '.join(faults)}"
     if deep is not None:
@@ -91,22 +109,24 @@ class SparePool:
         policy: PolicyConfig,
         now: float,
         deep: DeepCheckConfig | None = None,
+        facts: SpareFacts | None = None,
     ) -> None:
-        self._unready = {
-            n.name: why
+        if facts is None:
+            facts = SpareFacts(snap, now)
+        # each spare judged once; every other node is "not a spare", neither unready as a
+        # spare nor free
+        judged = [
+            (n, spare_ready(n, snap, policy, now, deep, facts))
             for n in snap.nodes.values()
-            if n.reason.strip() == SPARE and (why := spare_ready(n, snap, policy, now, deep))
-        }
+            if n.reason.strip() == SPARE
+        ]
+        self._unready = {n.name: why for n, why in judged if why}
         self._all = snap.nodes
         # Spares promised to replacements still under way are not free either.
         taken = {str(a.params["spare"]) for a in snap.in_flight if a.params.get("spare")}
         taken |= {spare for _, spare in snap.step_retries.values()}  # going into a job
         self._free = sorted(
-            (
-                n
-                for n in snap.nodes.values()
-                if n.name not in taken and spare_ready(n, snap, policy, now, deep) is None
-            ),
+            (n for n, why in judged if n.name not in taken and why is None),
             key=lambda n: n.name,
         )
 

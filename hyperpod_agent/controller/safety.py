@@ -21,6 +21,7 @@ Two rules stand between the node rules and Slurm (DESIGN §7):
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -32,6 +33,10 @@ from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action
 from hyperpod_agent.reasons import SPARE, Verb, parse_reason
 from hyperpod_agent.slurm.models import Node
+
+# ``parse_reason`` for the rules that read every node's reason each pass: a pure function
+# of a string, and a cluster has few distinct reasons, so each is parsed once.
+parsed_reason = functools.lru_cache(maxsize=4096)(parse_reason)
 
 
 def counted(action: PlannedAction) -> bool:
@@ -95,7 +100,7 @@ def unavailable(node: Node, replaced: Collection[str]) -> bool:
     reason and its spare came in."""
     if not (node.drained or not node.responding):
         return False
-    ours = parse_reason(node.reason)
+    ours = parsed_reason(node.reason)
     return not (node.name in replaced and ours is not None and ours.verb is Verb.REPLACE)
 
 
@@ -152,7 +157,7 @@ def _drain_only(reason: str) -> bool:
     """Our drain that never becomes a reboot, for what users can cause: a full disk.
     Not a lost heartbeat's (``agent``: the node is dead) nor a hang suspect's
     (``job<J>``: shown by the node itself): those are out like any other node."""
-    ours = parse_reason(reason)
+    ours = parsed_reason(reason)
     if ours is None or ours.verb is not Verb.DRAIN:
         return False
     return ours.component != "agent" and not ours.component.startswith("job")
@@ -173,18 +178,40 @@ def limit_take_outs(
     limited like the others, but they never hold back the remedy of a real fault: for
     any other take-out, nodes out under a drain-only reason do not count. So a user who
     fills disks costs at most the partition's share and cannot stop remediation."""
+    view = _View(snap)
     hard = [a for a in planned if not _drain_only(a.reason)]
-    kept, events, over = _limit(snap, policy, hard, lambda n: not _user_fillable(n))
+    kept, events, over = _limit(view, policy, hard, lambda n: not _user_fillable(n))
     soft = [a for a in planned if _drain_only(a.reason)]
     # the drain-only ones fit in what is left once this pass's real take-outs are in
     taken = frozenset(str(a.node) for a in kept if counted(a))
-    kept_soft, events_soft, over_soft = _limit(snap, policy, soft, lambda n: True, taken)
+    kept_soft, events_soft, over_soft = _limit(view, policy, soft, lambda n: True, taken)
     allowed = [a for a in planned if a in kept or a in kept_soft]
     return Limits(allowed, events + events_soft, {**over_soft, **over})
 
 
+class _View:
+    """What both limits (real and drain-only take-outs) read of the snapshot, derived
+    once: the partitions' members, the nodes on their way out, each node's
+    :func:`unavailable` (asked of every member by each limit)."""
+
+    def __init__(self, snap: Snapshot) -> None:
+        self.snap = snap
+        self.members = _members(snap.nodes)
+        self.leaving = on_the_way_out(snap)
+        self._unavailable: dict[int, tuple[Node, bool]] = {}
+
+    def unavailable(self, node: Node) -> bool:
+        # keyed by identity, the node kept alongside: a node object is judged once
+        known = self._unavailable.get(id(node))
+        if known is not None and known[0] is node:
+            return known[1]
+        out = unavailable(node, self.snap.replaced)
+        self._unavailable[id(node)] = (node, out)
+        return out
+
+
 def _limit(
-    snap: Snapshot,
+    view: _View,
     policy: PolicyConfig,
     planned: Sequence[PlannedAction],
     counts: Callable[[Node], bool],
@@ -192,14 +219,12 @@ def _limit(
 ) -> tuple[list[PlannedAction], list[PlannedEvent], dict[str, str]]:
     """The blast-radius rule over ``planned``, counting the out nodes ``counts`` accepts
     and the ``taken`` ones of this pass."""
-    members = _members(snap.nodes)
-    leaving = on_the_way_out(snap)
+    snap, members, leaving = view.snap, view.members, view.leaving
 
     def gone(node: Node) -> bool:
-        out_now = unavailable(node, snap.replaced) or node.name in leaving
+        out_now = view.unavailable(node) or node.name in leaving
         return (out_now and counts(node)) or node.name in taken
 
-    out = {part: sum(1 for n in nodes if gone(n)) for part, nodes in members.items()}
     # A node already out (or on its way) loses no capacity by being taken out (again).
     new = {
         str(a.node)
@@ -207,8 +232,13 @@ def _limit(
         if counted(a)
         and a.node in snap.nodes
         and not gone(snap.nodes[str(a.node)])
-        and not (unavailable(snap.nodes[str(a.node)], snap.replaced))
+        and not view.unavailable(snap.nodes[str(a.node)])
     }
+    # the partitions' out counts, needed only to weigh a new take-out (most passes have
+    # none; counting walks every member)
+    out: dict[str, int] = {}
+    if new:
+        out = {part: sum(1 for n in nodes if gone(n)) for part, nodes in members.items()}
     over: dict[str, str] = {}
     while True:
         adding: dict[str, list[str]] = defaultdict(list)
@@ -235,8 +265,7 @@ def _limit(
         str(a.node)
         for a in planned
         if counted(a) and a.node in snap.nodes and str(a.node) not in new
-        if not gone(snap.nodes[str(a.node)])
-        and not unavailable(snap.nodes[str(a.node)], snap.replaced)
+        if not gone(snap.nodes[str(a.node)]) and not view.unavailable(snap.nodes[str(a.node)])
     }
     events = []
     if over:

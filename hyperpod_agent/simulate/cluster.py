@@ -15,8 +15,15 @@ they would have counted for is kept:
   the job's size) compares the job's nodes in the view with the usable ones in the view:
   the healthy nodes left out are on both sides of that comparison.
 
-``tests/unit/test_simulate_view.py`` checks that ``decide`` answers the same on the view and
-on the full snapshot.
+Nodes held for repair (out under our ``hold`` or ``replace`` reason, no reboot under way,
+not listed in the job) are left out too, though in play: they are out for days, and no
+rule acts on them (``policy._node_rules`` leaves them to their repair). What they count
+for is kept: their open faults stay in the snapshot (a shared cause counts them), and those
+that count against the blast radius (``safety.unavailable``) are taken off the limit the
+view's policy carries.
+
+``tests/unit/test_simulate_runs.py`` and ``test_simulate_view.py`` check that runs decided
+on the view and on the full snapshot come out the same.
 """
 
 from __future__ import annotations
@@ -27,11 +34,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from hyperpod_agent.controller.config import ControllerConfig
-from hyperpod_agent.controller.safety import allowed_out
+from hyperpod_agent.controller.safety import allowed_out, parsed_reason, unavailable
 from hyperpod_agent.controller.snapshot import NodeHealth, Snapshot
 from hyperpod_agent.controller.store.rows import ActionRow, FaultRow, TrackedJob
 from hyperpod_agent.health import Verdict
-from hyperpod_agent.reasons import SPARE
+from hyperpod_agent.reasons import SPARE, Verb
 from hyperpod_agent.simulate.causes import FaultClass
 from hyperpod_agent.slurm.models import Job, Node
 
@@ -119,6 +126,10 @@ class Cluster:
         self.requeue_times: deque[float] = deque()
         self.retry_times: deque[float] = deque()
         self._ids = 0
+        # What the view is built from that rarely changes between passes: each node as
+        # Slurm shows it (with what it was built from), the view's config by its limit.
+        self.shown: dict[int, tuple[tuple[object, ...], Node]] = {}
+        self.view_configs: dict[int, ControllerConfig] = {}
 
     def next_id(self) -> int:
         self._ids += 1
@@ -132,22 +143,47 @@ class Cluster:
         else:
             self.play.discard(i)
 
-    def in_play(self, job: JobState) -> list[int]:
-        """The nodes the policy's view holds (see the module doc)."""
+    def in_play(self, job: JobState) -> tuple[list[int], list[int]]:
+        """The nodes the policy's view holds, and the nodes held for repair it leaves out
+        (see the module doc)."""
         if self.full_view:
-            return list(range(len(self.nodes)))
+            return list(range(len(self.nodes))), []
         extra = {job.batch_host}
         if job.slurm_state != "RUNNING":
             extra |= {i for i in self.recent if i in job.nodes}
-        idx = sorted(self.play | extra)
+        idx: list[int] = []
+        held: list[int] = []
+        for i in sorted(self.play | extra):
+            left_out = i not in extra and i not in job.nodes and self._held(i)
+            (held if left_out and self.nodes[i].reboot_row is None else idx).append(i)
         # The pool hands out its ready spares lowest name first (replacement.SparePool), one
-        # per replacement: a pass never needs more than one per node it could act on.
+        # per replacement: a pass never needs more than one per node it could act on (a
+        # node held for repair is not one: the policy leaves it alone).
         # Spares that are not ready change only the wording of a "no spare" event.
-        acting = sum(1 for i in idx if self.nodes[i].role is not Role.SPARE and self._known(i))
+        acting = sum(
+            1
+            for i in idx
+            if self.nodes[i].role is not Role.SPARE and self._known(i) and not self._held(i)
+        )
         ready = [i for i in idx if self.nodes[i].role is Role.SPARE and not self._known(i)]
         # (a spare still listed among an ended job's nodes counts in its size: kept)
-        keep = set(ready[: acting + SPARE_MARGIN]) | job.nodes
-        return [i for i in idx if self.nodes[i].role is not Role.SPARE or i in keep]
+        keep = set(ready[: acting + SPARE_MARGIN])
+        view = [
+            i for i in idx if self.nodes[i].role is not Role.SPARE or i in keep or i in job.nodes
+        ]
+        return view, held
+
+    def left(self, job: JobState) -> set[int]:
+        """The job's listed nodes no longer in service in it. A node out of the JOB role
+        is in play (``touch``), so this walks the few in play, not the whole job."""
+        return {i for i in self.play & job.nodes if self.nodes[i].role is not Role.JOB}
+
+    def _held(self, i: int) -> bool:
+        """Out under our hold or replace reason: the policy leaves the node to its repair
+        (``policy._node_rules``), so no replacement is ever for it."""
+        n = self.nodes[i]
+        ours = parsed_reason(n.reason) if n.role is Role.OUT else None
+        return ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE)
 
     def _known(self, i: int) -> bool:
         """Faulty as the controller knows it (a fault not reported yet is not known):
@@ -184,7 +220,28 @@ def _dt(t: float | None) -> datetime | None:
     return None if t is None else datetime.fromtimestamp(t, UTC)
 
 
-def slurm_node(n: NodeState, job_running: bool, now: float) -> Node:
+def shown(cluster: Cluster, i: int, job_running: bool) -> Node:
+    """Node ``i`` as ``slurm_node`` shows it, built again only when something it shows
+    changed (most of the view is the same from one pass to the next)."""
+    n = cluster.nodes[i]
+    key = (
+        n.role,
+        job_running,
+        n.reason,
+        n.reason_time,
+        n.rebooting_until is None,
+        n.dead,
+        n.boot_time,
+    )
+    known = cluster.shown.get(i)
+    if known is not None and known[0] == key:
+        return known[1]
+    node = slurm_node(n, job_running)
+    cluster.shown[i] = (key, node)
+    return node
+
+
+def slurm_node(n: NodeState, job_running: bool) -> Node:
     """The node as ``scontrol show node`` would show it."""
     flags: set[str] = set()
     state = "ALLOCATED" if n.role is Role.JOB and job_running else "IDLE"
@@ -214,31 +271,58 @@ def _health(n: NodeState, now: float, last_heard: float) -> NodeHealth:
     return NodeHealth(verdict, now, now)
 
 
-def view_config(cluster: Cluster) -> ControllerConfig:
+def view(
+    cluster: Cluster, job: JobState, now: float, dead_since: dict[int, float]
+) -> tuple[Snapshot, ControllerConfig]:
+    """The policy's view of the cluster at ``now`` and the config to decide it with."""
+    idx, held = cluster.in_play(job)
+    running = job.slurm_state == "RUNNING"
+    # what the held nodes left out count against the blast radius, as the rule counts
+    out = sum(
+        1
+        for i in held
+        if unavailable(
+            shown(cluster, i, running),
+            (cluster.nodes[i].name,) if cluster.nodes[i].replaced else (),
+        )
+    )
+    return snapshot(cluster, job, now, dead_since, idx, held), view_config(cluster, out)
+
+
+def view_config(cluster: Cluster, held_out: int = 0) -> ControllerConfig:
     """The config the view is decided with: the real blast-radius limit carried as
-    ``min_unhealthy_nodes`` (see the module doc)."""
+    ``min_unhealthy_nodes``, less the ``held_out`` nodes left out of the view that count
+    against it (see the module doc). Below zero it would mean the same as zero: any
+    take-out is over the limit."""
     if cluster.full_view:
         return cluster.config
     policy = cluster.config.policy
     members = len(cluster.nodes) - cluster.count(Role.SPARE)  # as safety._members counts
-    limit = allowed_out(policy, members)
-    scaled = policy.model_copy(
-        update={"max_unhealthy_fraction": 1e-12, "min_unhealthy_nodes": limit}
-    )
-    return cluster.config.model_copy(update={"policy": scaled})
+    limit = max(0, allowed_out(policy, members) - held_out)
+    if limit not in cluster.view_configs:
+        scaled = policy.model_copy(
+            update={"max_unhealthy_fraction": 1e-12, "min_unhealthy_nodes": limit}
+        )
+        cluster.view_configs[limit] = cluster.config.model_copy(update={"policy": scaled})
+    return cluster.view_configs[limit]
 
 
 def snapshot(
-    cluster: Cluster, job: JobState | None, now: float, dead_since: dict[int, float]
+    cluster: Cluster,
+    job: JobState | None,
+    now: float,
+    dead_since: dict[int, float],
+    idx: list[int],
+    held: list[int],
 ) -> Snapshot:
-    """The policy's view of the cluster at ``now`` (see the module doc)."""
-    idx = cluster.in_play(job) if job is not None else list(range(len(cluster.nodes)))
+    """The snapshot of nodes ``idx``, with the open faults of the ``held`` ones too."""
     running = job is not None and job.slurm_state == "RUNNING"
-    nodes = {cluster.nodes[i].name: slurm_node(cluster.nodes[i], running, now) for i in idx}
+    nodes = {cluster.nodes[i].name: shown(cluster, i, running) for i in idx}
     health = {
         cluster.nodes[i].name: _health(cluster.nodes[i], now, dead_since.get(i, now)) for i in idx
     }
-    open_faults = [cluster.nodes[i].fault_row for i in idx if cluster.nodes[i].fault_row]
+    faulty = sorted(idx + held) if held else idx  # in node order, as for the whole cluster
+    open_faults = [cluster.nodes[i].fault_row for i in faulty if cluster.nodes[i].fault_row]
     history = [f for i in idx for f in cluster.nodes[i].history]
     done = [a for i in idx for a in cluster.nodes[i].done]
     in_flight = [cluster.nodes[i].reboot_row for i in idx if cluster.nodes[i].reboot_row]

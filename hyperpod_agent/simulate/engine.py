@@ -204,7 +204,8 @@ class Sim(Deciding):
             self.set_phase("waiting")
             return
         job = self.job
-        for i in sorted(job.nodes):
+        # a faulty node is in play (cluster.touch): only those can end the start
+        for i in sorted(self.cluster.play & job.nodes):
             n = self.cluster.nodes[i]
             if n.faulty and n.fault_cls is not None:
                 self.interrupt(i, n.fault_cls, detected=n.fault_row is not None or not self.ours)
@@ -222,7 +223,7 @@ class Sim(Deciding):
         """Give the job ``job_nodes`` nodes in service; False when there are too few.
         The job's node list becomes this run's: nodes taken out since leave it."""
         c, job = self.cluster, self.job
-        kept = {i for i in job.nodes if c.nodes[i].role is Role.JOB}
+        kept = job.nodes - c.left(job)
         need = self.s.job_nodes - len(kept)
         idle = sorted(i for i in c.play if c.nodes[i].role is Role.IDLE) if need > 0 else []
         if len(idle) < need:
@@ -373,7 +374,7 @@ class Sim(Deciding):
             return
         if n.held and n.rebooting_until is None:
             # repaired: an admin puts it back, into service if the job is short of nodes
-            mine = sum(1 for j in self.job.nodes if c.nodes[j].role is Role.JOB)
+            mine = len(self.job.nodes) - len(c.left(self.job))
             if mine < self.s.job_nodes:
                 bring_in(c, i, self.now)
             else:

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from hyperpod_agent.controller.policy import decide
+from hyperpod_agent.controller.safety import parsed_reason
 from hyperpod_agent.controller.snapshot import WATCH_GRACE_S, Kind
 from hyperpod_agent.controller.stepretry.plan import Outcome, StepFailure, decide_step
 from hyperpod_agent.controller.store.rows import FaultRow, TrackedJob
-from hyperpod_agent.reasons import Verb, parse_reason
+from hyperpod_agent.reasons import Verb
 from hyperpod_agent.simulate.causes import FaultClass
-from hyperpod_agent.simulate.cluster import Cluster, JobState, Role, snapshot, view_config
+from hyperpod_agent.simulate.cluster import Cluster, JobState, Role, view
 from hyperpod_agent.simulate.remedy import apply_node_action, bring_in, index_of, take_out
 
 
@@ -67,8 +68,8 @@ def controller_pass(
 ) -> PassOutcome:
     """One reconcile pass: ``decide`` on the view, its actions carried out."""
     cluster.trim(now)
-    snap = snapshot(cluster, job, now, dead_since)
-    decision = decide(snap, view_config(cluster), now)
+    snap, config = view(cluster, job, now, dead_since)
+    decision = decide(snap, config, now)
     out = PassOutcome(incident=decision.incident)
     for a in decision.actions:
         if a.kind is Kind.REQUEUE and a.job_id == job.job_id:
@@ -114,7 +115,7 @@ def next_timer(
             times.append(n.fault_row.first_seen + cfg.policy.shared_cause_window_s)
         if n.role in (Role.JOB, Role.IDLE) and n.dead and i in dead_since:
             times.append(dead_since[i] + cfg.policy.heartbeat_timeout_s)
-        ours = parse_reason(n.reason) if n.role is Role.OUT else None
+        ours = parsed_reason(n.reason) if n.role is Role.OUT else None
         if ours is not None and ours.verb is Verb.RESET:
             times.append(n.reason_time + cfg.policy.reset_timeout_s)
     if job.told_to_end is not None:  # a watch protects the job's nodes this long
@@ -139,13 +140,13 @@ def step_decision(
     node out under the plan's reason, held for repair; the spare into the job)."""
     cluster.trim(now)
     job.told_to_end = now
-    snap = snapshot(cluster, job, now, dead_since)
-    view = snap.jobs[0]
+    snap, config = view(cluster, job, now, dead_since)
+    job_view = snap.jobs[0]
     failure = StepFailure(
-        job.job_id, "0", 1, view.nodes, job.retries_done + 1, started_at=job.start_time
+        job.job_id, "0", 1, job_view.nodes, job.retries_done + 1, started_at=job.start_time
     )
     plan = decide_step(
-        view, failure, snap, view_config(cluster), now, job.retries_done, len(cluster.retry_times)
+        job_view, failure, snap, config, now, job.retries_done, len(cluster.retry_times)
     )
     if plan.outcome is Outcome.RETRYSTEP:
         bad, spare = index_of(plan.bad_node), index_of(plan.spare)

@@ -14,7 +14,12 @@ from typing import Any
 from hyperpod_agent.simulate.result import Result
 from hyperpod_agent.simulate.sweep import Point
 
-INSTALL_HINT = 'plots need matplotlib: pip install "hyperpod-agent[plots]"'
+INSTALL_HINT = (
+    'plots need matplotlib (the "plots" extra): pip install "hyperpod-agent[plots]"; '
+    "in a checkout: .venv/bin/pip install -e '.[plots]'"
+)
+# Small PNGs for the docs: about 70 KB a figure.
+DPI = 100
 
 
 class PlotsUnavailable(RuntimeError):
@@ -42,7 +47,7 @@ def _save(plt: Any, fig: Any, ax: Any, path: Path, xlabel: str, ylabel: str, tit
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -121,6 +126,6 @@ def plot_timeline(result: Result, out: Path, days: float = 30.0) -> Path:
     )
     path = out / f"timeline_{s.strategy}.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
