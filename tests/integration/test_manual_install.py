@@ -583,10 +583,11 @@ def test_srun_auto_resume_step_is_retried_in_place_on_the_spare(running: Install
     spare = spares[0]
     dice = Dice("manual install: srun --auto-resume=1")
     job_id, out = running.submit("train_in_place.sbatch", auto_resume=None, steps=24)
+    # Past its first checkpoint (every 5 steps): a fault before it restarts from step 1.
     drill.wait_for(
-        f"job {job_id} to reach step 4",
+        f"job {job_id} to reach step 7",
         90,
-        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= 4,
+        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= 7,
     )
     job = drill.job_of(running.cluster, job_id)
     nodes = list(job.nodes)

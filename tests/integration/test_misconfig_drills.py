@@ -352,11 +352,14 @@ def test_the_units_sandbox_is_configuration_and_a_read_only_scratch_still_a_faul
         pid = start_sandboxed_agent(d.services, node, writable)
 
         def sandboxed() -> bool:
+            """The sandbox made whole: the shared mount read-only (the first thing it
+            does) and the writable paths bound read-write again (the last)."""
             try:
                 table = mount_table(pid)
             except OSError:
                 return False
-            return table.get(str(shared)) == ("tmpfs", True)
+            rw = all(table.get(str(path), ("", True))[1] is False for path in writable)
+            return table.get(str(shared)) == ("tmpfs", True) and rw
 
         wait_for(f"{node}'s agent in its sandbox", sandboxed, 20.0, 0.1)
         table = mount_table(pid)
