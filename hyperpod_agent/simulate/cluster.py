@@ -17,7 +17,7 @@ they would have counted for is kept:
 
 Nodes held for repair (out under our ``hold`` or ``replace`` reason, no reboot under way,
 not listed in the job) are left out too, though in play: they are out for days, and no
-rule acts on them (``policy._node_rules`` leaves them to their repair). What they count
+rule acts on them (``node_rules._node_rules`` leaves them to their repair). What they count
 for is kept: their open faults stay in the snapshot (a shared cause counts them), and those
 that count against the blast radius (``safety.unavailable``) are taken off the limit the
 view's policy carries.
@@ -180,7 +180,7 @@ class Cluster:
 
     def _held(self, i: int) -> bool:
         """Out under our hold or replace reason: the policy leaves the node to its repair
-        (``policy._node_rules``), so no replacement is ever for it."""
+        (``node_rules._node_rules``), so no replacement is ever for it."""
         n = self.nodes[i]
         ours = parsed_reason(n.reason) if n.role is Role.OUT else None
         return ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE)

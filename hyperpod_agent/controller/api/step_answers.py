@@ -71,12 +71,19 @@ def record_decision(
     # Answered for good: the job's fault is today's recovery's again, at once.
     store.unwatch_job(job.job_id)
     controller.wake.set()
+    return _answered(job, failure, plan.outcome, plan.cause, now)
+
+
+def _answered(
+    job: Job, failure: StepFailure, outcome: Outcome, cause: str, now: float
+) -> StepRetryOut:
+    """A decision answered at once, no surgery behind it (REQUEUE or FAIL)."""
     return StepRetryOut(
         id=None,
         job_id=job.job_id,
         step_id=failure.step_id,
-        decision=plan.outcome.value,  # type: ignore[arg-type]
-        cause=plan.cause,
+        decision=outcome.value,
+        cause=cause,
         phase=None,
         done=True,
         attempt=failure.attempt + 1,
@@ -101,18 +108,8 @@ def _would_have(
     records.would_have(
         controller.store, "step_retry", target, cause, now, node=plan.bad_node, job_id=job.job_id
     )
-    return StepRetryOut(
-        id=None,
-        job_id=job.job_id,
-        step_id=failure.step_id,
-        decision=Outcome.FAIL.value,
-        cause=f'mode = "observe": would {plan.outcome.value}: {plan.cause}',
-        phase=None,
-        done=True,
-        attempt=failure.attempt + 1,
-        created_at=at(now),
-        updated_at=at(now),
-    )
+    said = f'mode = "observe": would {plan.outcome.value}: {plan.cause}'
+    return _answered(job, failure, Outcome.FAIL, said, now)
 
 
 def _start(

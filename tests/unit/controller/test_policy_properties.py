@@ -109,7 +109,7 @@ LOOP_REBOOTING_SPARE = _case(
 )
 # Once a node could carry several faults: one report with XID 48 and XID 79 on one GPU
 # (both REBOOT) was a REPLACE, each counted as the other's repeat. The policy was wrong:
-# a repeat is a later occurrence, not a second code of one report (policy._escalated).
+# a repeat is a later occurrence, not a second code of one report (node_rules._escalated).
 ONE_REPORT_TWO_CODES = _case(
     [*_UP, node("n04", partitions=("a",))],
     [_gpu0(1, "xid48", "REBOOT", urgent=False), _gpu0(2, "xid79", "REBOOT", urgent=False)],

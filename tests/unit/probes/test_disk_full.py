@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from hyperpod_agent.controller.config import ControllerConfig
-from hyperpod_agent.controller.policy import USER_FILLABLE, decide
+from hyperpod_agent.controller.node_rules import USER_FILLABLE
+from hyperpod_agent.controller.policy import decide
 from hyperpod_agent.controller.snapshot import NodeHealth, Snapshot
 from hyperpod_agent.controller.store.rows import FaultRow
 from hyperpod_agent.health import Action, Status, Verdict
