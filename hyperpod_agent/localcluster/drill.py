@@ -319,3 +319,47 @@ def freeze_ranks(cluster: LocalCluster, job_id: int, node: str) -> list[int]:
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
     return pids
+
+
+def spares_qualified(cluster: LocalCluster) -> bool:
+    """No deep-check run under way, and every pooled spare passed one since it last
+    entered the pool (its ``hyperpod:spare`` reason's time)."""
+    from datetime import datetime
+
+    from hyperpod_agent.admin.common import make_client
+    from hyperpod_agent.localcluster.render import SPARE_REASON
+
+    client = make_client(None, None, cluster.dir / "etc" / "admin.toml", 10)
+    runs = client.checks()
+    if not isinstance(runs, list) or any(r.get("phase") != "done" for r in runs):
+        return False
+    slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+    for name in cluster.spares:
+        node = slurm.node(name)
+        if node.reason.strip() != SPARE_REASON:
+            continue  # standing in for a node, or out: not in the pool
+        # reason_time has whole seconds
+        since = node.reason_time.timestamp() - 1.0 if node.reason_time else 0.0
+        outcomes = client.node(name).get("deep_checks", [])
+        if not any(
+            o.get("outcome") == "OK"
+            and o.get("at")
+            and datetime.fromisoformat(o["at"]).timestamp() >= since
+            for o in outcomes
+        ):
+            return False
+    return True
+
+
+def wait_spares_ready(cluster: LocalCluster, timeout: float = 180.0) -> float:
+    """Wait until ``spares_qualified``; the seconds it took. With a deep-check suite named
+    the spare gate is on, as shipped: an unqualified spare cannot stand in, so a fault
+    meeting it would be answered with a requeue rather than a step retried in place."""
+    from hyperpod_agent.controller.config import load_config
+
+    config = load_config(cluster.services.controller_config_path())
+    if not config.deep_checks.spare_gate_on:
+        return 0.0
+    t0 = time.monotonic()
+    wait_for("the spares' deep checks", timeout, lambda: spares_qualified(cluster), 0.5)
+    return time.monotonic() - t0
