@@ -1,5 +1,6 @@
 """What the loop watches for auto-resume jobs besides Slurm: job-end notices from
-EpilogSlurmctld and the ``resume.json`` markers the checkpoint library writes."""
+EpilogSlurmctld, the ``resume.json`` markers the checkpoint library writes and the
+steps taken around a restart (controller/stepmarks.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ from hyperpod_agent.controller.resume_marker import (
     stat_marker,
 )
 from hyperpod_agent.controller.snapshot import Snapshot
+from hyperpod_agent.controller.stepmarks import StepMarks
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
+from hyperpod_agent.health import JobProgress
 from hyperpod_agent.slurm.models import Job
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class JobWatch:
         self._lock = threading.Lock()
         self._ending: dict[int, float] = {}  # job id -> follow up until
         self._markers: dict[int, float] = {}  # job id -> mtime of the resume.json last read
+        self.steps = StepMarks()
 
     # -- job-end notices ------------------------------------------------------------
     def follow(self, job_id: int, now: float) -> None:
@@ -71,8 +75,11 @@ class JobWatch:
         """``resumed_from_step`` of running auto-resume jobs, from their resume.json.
 
         Cheap: one lstat per running tracked job; the file is read only when its mtime
-        changed. A bad file is logged once (per mtime) and never stops the pass.
+        changed. A bad file is logged once (per mtime) and never stops the pass. The
+        ranks' progress is followed around each restart (stepmarks.py).
         """
+        progress = trusted_progress(snap)
+        self.steps.record(progress, now)
         running = [
             j.job_id
             for j in snap.jobs
@@ -87,22 +94,49 @@ class JobWatch:
                 continue
             self._markers[job_id] = mtime
             try:
-                self._read_marker(job_id, path, now)
+                self._read_marker(job_id, path, mtime, now)
             except (OSError, MarkerError) as exc:
                 log.warning("job %d: ignoring %s: %s", job_id, path, exc)
             except Exception:  # noqa: BLE001 - one job's file never stops the pass
                 log.exception("job %d: reading %s failed; ignoring it", job_id, path)
+        for event in self.steps.first_steps(progress, now):
+            self.store.add_event(
+                event.kind, event.message, now, job_id=event.job_id, cause=event.cause
+            )
 
-    def _read_marker(self, job_id: int, path: Path, now: float) -> None:
-        """Record the step ``job_id`` resumed from, with its event, in one transaction."""
+    def _read_marker(self, job_id: int, path: Path, mtime: float, now: float) -> None:
+        """Record the step ``job_id`` resumed from, with its event, in one transaction:
+        the event says the highest step the job had reached before (when seen)."""
         marker = parse_marker(read_marker(path), job_id)
         current = self.store.job(job_id)
         if current is None or current.resumed_from_step == marker.step:
             return
         restart = f" (restart {marker.restart_count})" if marker.restart_count is not None else ""
         message = f"job {job_id} resumed from step {marker.step}{restart}"
+        # Written when the job restored (any user can set a file's mtime: bounded by now).
+        restored_at = min(mtime, now)
+        reached = self.steps.reached_before(job_id, restored_at)
+        if reached is not None:
+            message += f"; it had reached step {reached}"
+        self.steps.expect_first_step(job_id, marker.step, restored_at, now)
         self.store.upsert_job(
             dataclasses.replace(current, resumed_from_step=marker.step, updated_at=now),
             [EventIn("resumed", message, job_id=job_id, cause=str(path))],
             now,
         )
+
+
+def trusted_progress(snap: Snapshot) -> list[JobProgress]:
+    """The progress records that speak for their job: from a node the job runs on,
+    checked by the agent against the job's user (as the hang judgement reads them)."""
+    jobs = {j.job_id: j for j in snap.jobs}
+    out = []
+    for name, health in snap.health.items():
+        for jp in health.progress:
+            job = jobs.get(jp.job_id)
+            if job is None or name not in job.nodes:
+                continue
+            if job.uid is not None and jp.uid != job.uid:
+                continue
+            out.append(jp)
+    return out

@@ -3,6 +3,7 @@ then the checkpoint saves and recomputed steps taken out of what is left product
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Sequence
 
 from hyperpod_agent.controller.goodput.incidents import (
@@ -296,7 +297,8 @@ def _recompute(
     """Steps run a second time (the highest step before the fault less the step the job
     restored) at the step time the ranks report, out of the productive time after; and
     where each incident's time ends, its recomputation included."""
-    step_s = step_seconds(marks)
+    recorded = [i.step_s for i in incidents if i.step_s is not None]
+    step_s = step_seconds(marks) or (statistics.median(recorded) if recorded else None)
     total, whys = 0.0, []
     reach = [i.last[1] for i in incidents]
     for i, (incident, report) in enumerate(zip(incidents, reports, strict=True)):

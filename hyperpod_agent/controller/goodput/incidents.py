@@ -9,6 +9,8 @@ is one it held, in the time before the controller acted for it.
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import statistics
 from collections.abc import Iterable, Sequence
@@ -41,6 +43,8 @@ JOB_POINTS = {
     "step_retry_done": "spare_in",
     "requeue": "requeued",
     "resumed": "restored",
+    # written once the ranks report a step past the one restored (controller/stepmarks.py)
+    "first_new_step": "first_new_step",
 }
 # Of those, the ones a new incident may begin with; the others only carry one further.
 TRIGGERS = frozenset(
@@ -66,6 +70,7 @@ SAVE_PAUSE = "checkpoint save"  # the checkpoint library's pause reason while it
 
 # The words our own events say it in (controller/jobwatch.py, controller/hangs/judge.py).
 _RESUMED = re.compile(r"\bresumed from step (\d+)\b")
+_REACHED = re.compile(r"\bit had reached step (\d+)\b")
 _HUNG = re.compile(r"\bno rank advanced for (\d+) s past step (\d+)\b")
 
 
@@ -79,6 +84,7 @@ class Incident:
     step_retry: bool = False  # a step retry in place was asked for
     last_step: int | None = None  # the highest step reached before the fault
     resumed_step: int | None = None  # the checkpoint step the job restored
+    step_s: float | None = None  # a step's duration after the restart, as recorded
 
     @property
     def first(self) -> float:
@@ -143,10 +149,11 @@ def group(events: Iterable[EventRow]) -> list[Incident]:
         if ev.kind in TRIGGERS and (current is None or _opens(current, point)):
             current = Incident()
             out.append(current)
-        if current is None or _too_late(current, point, ev.at):
+        when = _first_step_at(current, ev) if ev.kind == "first_new_step" else ev.at
+        if current is None or when is None or _too_late(current, point, when):
             continue
         fresh = point not in current.points
-        current.points.setdefault(point, ev.at)
+        current.points.setdefault(point, when)
         current.step_retry |= ev.kind.startswith("step_retry") or ev.kind == "step_end"
         if ev.node and current.node is None and ev.kind != "hang":
             current.node = ev.node
@@ -171,9 +178,31 @@ def _too_late(current: Incident, point: str, when: float) -> bool:
     return RANK[point] > RANK[name] and when - last > LOOKBACK_S
 
 
+def _first_step_at(incident: Incident | None, ev: EventRow) -> float | None:
+    """When a ``first_new_step`` event says the step finished (its cause, JSON), or None
+    when it is not readable or not the step after the one ``incident`` restored."""
+    try:
+        doc = json.loads(ev.cause)
+        at, step = float(doc["at"]), int(doc["step"])
+        step_s = float(doc["step_s"]) if "step_s" in doc else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    if incident is None or not math.isfinite(at) or at > ev.at:
+        return None
+    if incident.resumed_step is not None and step != incident.resumed_step + 1:
+        return None
+    if step_s is not None and math.isfinite(step_s) and step_s > 0:
+        incident.step_s = step_s
+    return at
+
+
 def _read_message(incident: Incident, ev: EventRow) -> None:
     if ev.kind == "resumed" and (m := _RESUMED.search(ev.message)):
         incident.resumed_step = int(m.group(1))
+        if reached := _REACHED.search(ev.message):
+            # The highest step before the restart, seen while the job ran: its progress
+            # records are gone once it ended.
+            incident.last_step = max(int(reached.group(1)), incident.last_step or 0)
     elif ev.kind == "hang" and (m := _HUNG.search(ev.message)):
         # The hang began when the last step finished: its declaration less the idle time.
         incident.points["fault"] = ev.at - int(m.group(1))
@@ -258,7 +287,7 @@ def _progress_points(incident: Incident, marks: Sequence[ProgressMark], before: 
     reached = [m.step for m in marks if m.step_at is not None and m.step_at <= start]
     if incident.last_step is None and reached:
         incident.last_step = max(reached)
-    if incident.resumed_step is None:
+    if incident.resumed_step is None or "first_new_step" in incident.points:
         return
     # After the job was given its nodes back; the resume marker is read a pass late.
     back = max(t for p, t in incident.points.items() if p != "restored")

@@ -27,15 +27,18 @@ def fault(at: float, node: str, code: str = "xid79") -> EventRow:
     return ev(at, "fault", node, None, f"gpu3 {code}", f"{node}: gpu3 {code} (REBOOT, urgent): x")
 
 
-def resumed(at: float, job: int, step: int, restart: int = 0) -> EventRow:
-    """As controller/jobwatch.py words it."""
+def resumed(
+    at: float, job: int, step: int, restart: int = 0, reached: int | None = None
+) -> EventRow:
+    """As controller/jobwatch.py words it (``reached``: the highest step seen before)."""
+    said = "" if reached is None else f"; it had reached step {reached}"
     return ev(
         at,
         "resumed",
         None,
         job,
         "/ckpt/resume.json",
-        f"job {job} resumed from step {step} (restart {restart})",
+        f"job {job} resumed from step {step} (restart {restart}){said}",
     )
 
 

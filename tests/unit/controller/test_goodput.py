@@ -3,6 +3,7 @@ it writes them for a step retry, a requeue, a hang; progress records; Slurm's jo
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -317,3 +318,36 @@ def test_a_second_resume_marker_in_one_recovery_keeps_the_first() -> None:
     events = [*step_retry(500), resumed(510, 7, 100), resumed(511, 7, 90)]
     g = job_goodput(running(), events, [mark(499, 120)], NOW)
     assert g.incidents[0].recomputed_steps == 20
+
+
+def first_step(at: float, step: int, finished: float, step_s: float = 2.0) -> Any:
+    """As controller/stepmarks.py words it: seen at ``at``, the step finished at
+    ``finished`` (both from T0)."""
+    cause = json.dumps({"step": step, "at": T0 + finished, "step_s": step_s})
+    return ev(at, "first_new_step", None, 7, cause, f"job 7 took step {step}")
+
+
+def test_an_ended_job_counts_its_restart_and_recompute_from_the_events_alone() -> None:
+    """The job ended: no progress record is left. The resumed event says it had reached
+    step 120; the first_new_step event says step 101 finished at +12 (seen at +15)."""
+    done = running(state="COMPLETED", end=1000)
+    events = [*step_retry(500), resumed(510, 7, 100, reached=120), first_step(515, 101, 512)]
+    g = job_goodput(done, events, [], NOW)
+    assert seconds(g)["restart"] == 6.0 and seconds(g)["recompute"] == 40.0
+    assert g.productive_s == pytest.approx(948.0)
+    assert g.incidents[0].recomputed_steps == 20
+    assert g.incidents[0].points["first_new_step"].timestamp() == T0 + 512
+    adds_up(g)
+
+
+@pytest.mark.parametrize(
+    "cause",
+    ["", "not json", '{"step": 101}', '{"step": 102, "at": 1}', '{"step": 101, "at": "nan"}'],
+)
+def test_a_first_new_step_event_not_readable_is_not_a_point(cause: str) -> None:
+    """A bad record (or one of a step other than the one after the restored) is left
+    out: the restart then counts as productive, with the limit said."""
+    events = [*step_retry(500), resumed(510, 7, 100), ev(515, "first_new_step", None, 7, cause)]
+    g = job_goodput(running(state="COMPLETED", end=1000), events, [], NOW)
+    assert g.incidents[0].points["first_new_step"] is None
+    assert g.incidents[0].phases["restart"].complete is False
