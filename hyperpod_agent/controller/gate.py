@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from hyperpod_agent.controller import metrics
 from hyperpod_agent.controller.crash import crash_from_env
+from hyperpod_agent.controller.expansion import ExpansionGuard
 from hyperpod_agent.controller.providers.base import SlurmApi
 from hyperpod_agent.controller.store.lease import Lease, LeaseLost
 from hyperpod_agent.errors import SlurmError
@@ -100,8 +101,13 @@ class Gate:
         # mode = "observe": the last line of defence. The decisions stop before they
         # reach here (counted as would_have); whatever still does is refused.
         self.observe = False
+        # Job expansion only on a slurmctld it was shown safe on (controller/expansion.py).
+        self.expansion = ExpansionGuard(slurm, clock)
 
     # -- reads, unchanged -----------------------------------------------------------
+    def slurmctld_version(self) -> str | None:
+        return self.slurm.slurmctld_version()
+
     def list_nodes(self) -> list[Node]:
         return self.slurm.list_nodes()
 
@@ -206,7 +212,7 @@ class Gate:
             "shrink",
             f"job {job_id}",
             lambda: self.slurm.shrink_job(job_id, keep),
-            rule=lambda: self._live_job("shrink", job_id),
+            rule=lambda: self._expandable("shrink", job_id),
         )
 
     def allocate_expansion(
@@ -216,6 +222,7 @@ class Gate:
         # granted after this controller lost its lease is a helper of ours the new
         # leader adopts or sweeps (stepretry/orphans.py); the merge itself is gated.
         self._admit("allocate", f"job {job_id}")
+        self._expandable("allocate", job_id, live=False)
         log.info("gate: allocate %s for job %d (waits up to %d s)", node, job_id, wait_s)
         return int(
             self._counted(
@@ -254,12 +261,22 @@ class Gate:
             "absorb",
             f"job {job_id}",
             lambda: self.slurm.absorb_expansion(job_id, helper_id),
-            rule=lambda: self._live_job("absorb", job_id),
+            rule=lambda: self._expandable("absorb", job_id),
         )
 
     def submit_batch(self, script: Path, **kwargs: Any) -> int:
         name = str(kwargs.get("job_name", script))
         return int(self._call("submit", name, lambda: self.slurm.submit_batch(script, **kwargs)))
+
+    def _expandable(self, call: str, job_id: int, live: bool = True) -> None:
+        """A step retry's change of a (``live``) job, on a slurmctld its expansion is
+        safe on (read now: a shrink would leave the job short of the node it cannot get
+        back)."""
+        why = self.expansion.refusal(fresh=True)
+        if why:
+            self._refuse(call, f"job {job_id}", why)
+        if live:
+            self._live_job(call, job_id)
 
     def _live_job(self, call: str, job_id: int) -> None:
         job = self.job(job_id)

@@ -164,7 +164,8 @@ class Controller(Ingest):
 
     def snapshot(self, nodes: Mapping[str, Node], jobs: Sequence[Job], now: float) -> Snapshot:
         """Everything the policy needs, from the store and this pass's Slurm view."""
-        return gather(self.store, self.config, self._beats, self.started_at, nodes, jobs, now)
+        snap = gather(self.store, self.config, self._beats, self.started_at, nodes, jobs, now)
+        return dataclasses.replace(snap, expansion_refused=self.gate.expansion.refusal())
 
     def replacement_params(self, node: str) -> dict[str, Any]:
         """What an admin's replace of ``node`` needs from the provider: with the spare

@@ -64,6 +64,9 @@ class Snapshot:
     tracked: Mapping[int, TrackedJob] = field(default_factory=dict)
     requeues_last_minute: int = 0
     started_at: float = 0.0
+    # Why no running job may be expanded on this slurmctld ("" when allowed): a step
+    # retry in place is then answered with the job-level requeue (slurm/version.py).
+    expansion_refused: str = ""
     # Nodes held for repair whose replacement came into service: no longer capacity lost.
     replaced: frozenset[str] = frozenset()
     # Deep checks: each node's newest outcome, and the nodes a run is under way on.

@@ -24,6 +24,7 @@ from hyperpod_agent.slurm.hostlist import compress_hostlist
 from hyperpod_agent.slurm.maint import MaintenanceCalls
 from hyperpod_agent.slurm.models import Job, Node
 from hyperpod_agent.slurm.resize import ResizeCalls
+from hyperpod_agent.slurm.version import version_from_config
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,11 @@ class SlurmClient(MaintenanceCalls, ResizeCalls):
             log.info("slurm %s %s", what, target)
 
     # --- nodes -------------------------------------------------------------------------------
+
+    def slurmctld_version(self) -> str | None:
+        """The running slurmctld's version (``SLURM_VERSION`` of ``scontrol show config``,
+        not the command's own); None when the output does not say."""
+        return version_from_config(self._run(["scontrol", "show", "config"]))
 
     def list_nodes(self) -> list[Node]:
         """Every node slurmctld knows (``sinfo --json``), one entry per node."""

@@ -23,6 +23,7 @@ from hyperpod_agent.errors import SlurmError, SlurmTimeout
 from hyperpod_agent.localcluster import procs
 from hyperpod_agent.slurm.client import SlurmClient, format_reason
 from hyperpod_agent.slurm.models import Job
+from hyperpod_agent.slurm.version import expansion_refusal, parse_version
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(180)]
 
@@ -109,6 +110,18 @@ def test_ping(client: SlurmClient, local_cluster: Any, tmp_path: Path) -> None:
     ]
     (tmp_path / "slurm.conf").write_text("\n".join(lines) + "\n")
     assert SlurmClient(slurm_conf=tmp_path / "slurm.conf", timeout=15).ping() is False
+
+
+def test_slurmctld_version_is_the_running_daemons(client: SlurmClient) -> None:
+    """Read from slurmctld (``scontrol show config``); the local cluster runs Debian's
+    22.05, the release job expansion was shown safe on."""
+    version = client.slurmctld_version()
+    command = subprocess.run(
+        ["scontrol", "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.split()[-1]
+    assert version is not None and parse_version(version) is not None
+    assert version == command  # one Slurm installed here: the daemon's is the command's
+    assert expansion_refusal(version) == ""
 
 
 def test_drain_then_resume_round_trips(client: SlurmClient, local_cluster: Any) -> None:

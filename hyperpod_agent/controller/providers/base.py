@@ -57,7 +57,10 @@ class SlurmApi(Protocol):
 
     def delete_reservation(self, name: str) -> bool: ...
 
-    # step retries: shrink a running job and merge a spare into it (slurm/resize.py)
+    # step retries: shrink a running job and merge a spare into it (slurm/resize.py),
+    # only on a slurmctld where that was shown safe (slurm/version.py)
+    def slurmctld_version(self) -> str | None: ...
+
     def shrink_job(self, job_id: int, keep: Sequence[str]) -> None: ...
 
     def allocate_expansion(

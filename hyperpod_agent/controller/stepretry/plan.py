@@ -243,6 +243,9 @@ def decide_step(
         return StepPlan(
             Outcome.REQUEUE, f"{what}; batch host {parked} is out already (an earlier retry)"
         )
+    if snap.expansion_refused:
+        # The spare could not be merged in without risking slurmctld itself.
+        return StepPlan(Outcome.REQUEUE, f"{what}; {snap.expansion_refused}")
     spare = _spare(bad, job, snap, config, now)
     if spare.startswith("!"):
         return StepPlan(Outcome.REQUEUE, f"{what}; {spare[1:]}")

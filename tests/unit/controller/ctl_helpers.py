@@ -144,6 +144,11 @@ class FakeSlurm:
         self.fail_next: dict[str, int] = {}
         self.read_fails = 0
         self.resv: dict[str, Reservation] = {}
+        self.version: str | None = "22.05.8"  # slurmctld's (a release job expansion is safe on)
+
+    def slurmctld_version(self) -> str | None:
+        self._maybe_fail("version")  # a read: not in ``calls``
+        return self.version
 
     def _maybe_fail(self, what: str) -> None:
         if self.fail_next.get(what, 0) > 0:

@@ -267,3 +267,28 @@ def test_a_node_drained_by_us_without_a_fault_does_not_end_the_step(api: Api) ->
     )
     api.controller.reconcile_once()
     assert watch(api).json()["end"] is False
+
+
+@pytest.mark.parametrize("version", ["25.11.7", "26.05.3", "24.11.1", None])
+def test_no_expansion_on_a_slurmctld_it_is_not_shown_safe_on(api: Api, version: str | None) -> None:
+    """Merging the spare crashes slurmctld 25.11 and 26.05: the job-level requeue
+    answers instead, and nothing of the job is touched in place."""
+    api.slurm.version = version
+    api.controller.gate.expansion.refusal(fresh=True)  # as a pass RECHECK_S later reads it
+    faulty(api)
+    out = ask(api).json()
+    assert out["decision"] == "REQUEUE" and "job expansion refused" in out["cause"], out
+    api.controller.reconcile_once()
+    assert [c for c in api.slurm.calls if c[0] in ("shrink", "allocate", "absorb")] == []
+
+
+def test_an_upgrade_between_the_decision_and_the_surgery_stops_it_at_the_gate(api: Api) -> None:
+    faulty(api)
+    out = ask(api).json()
+    assert out["decision"] == "RETRYSTEP", out
+    api.slurm.version = "25.11.7"  # slurmctld upgraded before the leader's pass operates
+    api.controller.reconcile_once()
+    assert [c for c in api.slurm.calls if c[0] in ("shrink", "allocate", "absorb")] == []
+    done = api.get(f"/v1/steps/retry/{out['id']}", who="node1").json()
+    assert done["done"] and done["decision"] == "REQUEUE", done
+    assert api.slurm.jobs[12].nodes == ("node1", "node2", "node3")
