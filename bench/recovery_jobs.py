@@ -100,16 +100,7 @@ def submit(
         scratch = cluster.dir / "ddp" / tag
         shutil.rmtree(scratch, ignore_errors=True)
         scratch.mkdir(parents=True, mode=0o755)
-        # The nodes share 127.0.0.1 and /dev/shm: every node's replica server gets a
-        # port of its own, its memory tier a directory of its own.
-        env = {
-            "TRAIN_SCRIPT": str(drill.EXAMPLES / "train_ddp.py"),
-            "TRAIN_DDP_ARGS": f"--peer-host 127.0.0.1 --memory-per-node {scratch / 'shm'} "
-            f"--eval-every 0 --threads 1 --out {scratch / 'out'}",
-            "TRAIN_DDP_PEER_PORT": str(port + 1),
-            "MASTER_PORT": str(port),
-            "HYPERPOD_CHECKPOINT_DIR": str(scratch / "ckpt"),
-        }
+        env = drill.ddp_env(scratch, port, "--eval-every 0 --threads 1", scratch / "ckpt")
     job_id, out = drill.submit_training(
         cluster,
         steps=steps,

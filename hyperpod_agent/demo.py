@@ -1,13 +1,16 @@
 """``hyperpod demo``: the README's first command, the whole story on a local cluster.
 
 A local Slurm cluster (4 nodes + 1 spare) comes up with the controller and an agent
-per node (fake GPUs). A toy training job is submitted whose training step runs under
-``srun --auto-resume=1`` (examples/train_in_place.sbatch); once it has checkpointed,
-XID 79 ("GPU has fallen off the bus") is injected on one of its nodes. The agent
+per node (fake GPUs). A PyTorch DDP training job (examples/train_ddp.sbatch: gloo on
+CPU, one rank per node, a checkpoint in memory with a peer replica every step) runs
+its step under ``srun --auto-resume=1``; once it has checkpointed, XID 79 ("GPU has
+fallen off the bus") is injected on one of its nodes, chosen at random. The agent
 reports it, the controller ends the step, takes the node out, merges the spare into
 the same job, and the step runs again there: same job id, never back in the queue,
-resumed from its last checkpoint. The demo prints the timeline and the work lost,
-then stops the cluster (``--keep`` leaves it up).
+the new rank restored from its peer's replica. The demo prints the timeline, the
+steps lost and the job's measured goodput, then stops the cluster (``--keep`` leaves
+it up). Without torch (setup.sh installs it where it can) the toy job
+(examples/train_in_place.sbatch) stands in.
 """
 
 from __future__ import annotations
@@ -28,7 +31,23 @@ from hyperpod_agent.slurm.client import SlurmClient
 
 DEMO_DIR = Path("/var/tmp/hyperpod-demo")
 DEMO_PORT_BASE = 16917
-STEPS, STEP_TIME, CKPT_EVERY = 30, 0.5, 5
+DDP_PORT = 29690  # the job's rendezvous; + 1 and on: its nodes' replica servers
+# steps, extra compute per step (s), persistent checkpoint every, steps before the fault
+DDP_RUN = (60, 0.25, 10, 12)
+TOY_RUN = (30, 0.5, 5, 8)
+
+
+def _job(cluster: LocalCluster) -> tuple[str, str, dict[str, str], tuple[int, float, int, int]]:
+    """(what, script, env, run) of the demo's job: train_ddp when torch imports."""
+    try:
+        import torch  # noqa: F401 - the job's python3 is this one
+    except ImportError:
+        what = "a toy job (torch is not installed)"
+        return what, "train_in_place.sbatch", {}, TOY_RUN
+    scratch = cluster.dir / "ddp" / f"demo-{time.time_ns()}"
+    scratch.mkdir(parents=True, mode=0o755)
+    env = drill.ddp_env(scratch, DDP_PORT, "--eval-every 20 --threads 1")
+    return "a PyTorch DDP job (gloo, CPU)", "train_ddp.sbatch", env, DDP_RUN
 
 
 def _say(text: str) -> None:
@@ -90,17 +109,19 @@ def story(cluster: LocalCluster) -> None:
     slurm = SlurmClient(slurm_conf=cluster.slurm_conf)
     _nodes(slurm)
     _wait_for_spares(cluster)
+    what, script, env, (steps, step_time, ckpt_every, warm) = _job(cluster)
     _say(
-        f"sbatch examples/train_in_place.sbatch ({STEPS} steps on 2 nodes under "
-        f"srun --auto-resume=1, a checkpoint every {CKPT_EVERY})"
+        f"sbatch examples/{script}: {what}, {steps} steps on 2 nodes under "
+        f"srun --auto-resume=1, a persistent checkpoint every {ckpt_every}"
+        + (", in memory with a peer replica every step" if env else "")
     )
     job_id, out = drill.submit_training(
-        cluster, STEPS, STEP_TIME, CKPT_EVERY, auto_resume=None, script="train_in_place.sbatch"
+        cluster, steps, step_time, ckpt_every, auto_resume=None, script=script, env=env
     )
     drill.wait_for(
-        f"job {job_id} to reach step 8",
-        90,
-        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= 8,
+        f"job {job_id} to reach step {warm}",
+        180,  # torch's import on a busy 2-core machine takes a while
+        lambda: out.exists() and drill.parse_train_log(out.read_text()).last_step >= warm,
     )
     job = slurm.job(job_id)
     if job is None:
@@ -130,21 +151,24 @@ def story(cluster: LocalCluster) -> None:
         f"{len(log.attempts) - 1} step retry(ies) in place; the step ran again on "
         f"{','.join(timeline.new_nodes)} (not on {victim})"
     )
+    bound = "at most one" if env else f"at most one checkpoint interval, {ckpt_every}"
     click.echo(
         f"    last step before the fault: {last_before}; resumed from checkpoint "
-        f"step {resumed}; lost {last_before - resumed} step(s) "
-        f"(at most one checkpoint interval, {CKPT_EVERY}); finished step {log.done_step}"
+        f"step {resumed}; lost {last_before - resumed} step(s) ({bound}); "
+        f"finished step {log.done_step}"
     )
     _say("nodes now")
     _nodes(slurm)
     _say(f"the step's output: {out}")
     for line in out.read_text().splitlines():
-        if not line.startswith("step="):
+        if not line.startswith(("step=", "eval ")):
             click.echo(f"    {line[:150]}")
     _say(f"hyperpod events --job {job_id}")
     _admin(cluster, "events", "--job", str(job_id), "--limit", "12")
     _say("hyperpod jobs")
     _admin(cluster, "jobs")
+    _say(f"hyperpod goodput --job {job_id}")
+    _admin(cluster, "goodput", "--job", str(job_id))
 
 
 @click.command("demo")

@@ -1,6 +1,7 @@
-"""Fault drills on the local cluster: run the toy training job, inject a fault, and
-follow the recovery as a timeline. Shared by ``hyperpod demo``, the integration
-tests and bench/recovery.py, so all three tell the same story. Between drills,
+"""Fault drills on the local cluster: run a training job (examples/train_ddp.py, a
+PyTorch DDP run, or the toy), inject a fault, and follow the recovery as a timeline.
+Shared by ``hyperpod demo``, the integration tests and bench/recovery.py, so all
+three tell the same story. Between drills,
 reset.py brings the cluster back to its start."""
 
 from __future__ import annotations
@@ -115,6 +116,36 @@ def submit_training(
     if res.returncode != 0:
         raise HyperpodError(f"sbatch failed: {res.stderr.strip()}")
     return int(res.stdout.strip().split(";")[0]), out
+
+
+def ddp_env(
+    scratch: Path,
+    port: int,
+    args: str = "",
+    checkpoint_dir: Path | None = None,
+    peer_port: int | None = None,
+) -> dict[str, str]:
+    """The environment ``submit_training`` passes to examples/train_ddp.sbatch for a
+    run whose files go under ``scratch``: ``port`` its rendezvous, ``peer_port``
+    (default ``port + 1``) and on its nodes' replica servers. The local cluster's
+    nodes share 127.0.0.1 and /dev/shm, so every node's replica server gets a port of
+    its own (the base plus the node's index in the step) and its memory tier a
+    directory of its own: a spare that takes a rank starts without it and restores
+    from its peer's replica, as on real machines.
+    ``checkpoint_dir`` None: the SPANK plugin's ``<checkpoint_root>/<jobid>``."""
+    env = {
+        "TRAIN_SCRIPT": str(EXAMPLES / "train_ddp.py"),
+        "TRAIN_DDP_ARGS": f"--peer-host 127.0.0.1 --memory-per-node {scratch / 'shm'} "
+        f"--out {scratch / 'out'} {args}".strip(),
+        "TRAIN_DDP_PEER_PORT": str(port + 1 if peer_port is None else peer_port),
+        "MASTER_PORT": str(port),
+        # The nodes' names resolve to no local interface here: gloo says so on every
+        # start, then takes the loopback anyway.
+        "GLOO_SOCKET_IFNAME": "lo",
+    }
+    if checkpoint_dir is not None:
+        env["HYPERPOD_CHECKPOINT_DIR"] = str(checkpoint_dir)
+    return env
 
 
 def job_of(cluster: LocalCluster, job_id: int) -> Job:

@@ -22,18 +22,20 @@ import contextlib
 import os
 import random
 import signal
+import statistics
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_hang_drills import events
+from test_hang_drills import events, hyperpod
 from test_step_retry_drills import spares_ready
 
 from hyperpod_agent.localcluster import drill, reset
 from hyperpod_agent.localcluster.cluster import LocalCluster
 from hyperpod_agent.slurm.client import SlurmClient
+from hyperpod_agent.slurm.hostlist import expand_hostlist
 from hyperpod_agent.slurm.models import Job
 
 try:
@@ -69,13 +71,16 @@ def submit(
     step_time: float = STEP_TIME,
     burn: bool = False,
     peer_port: int = PEER_PORT,
+    own_checkpoint_dir: bool = True,
 ) -> tuple[int, Path, Path]:
-    """train_ddp.sbatch on ``nodes`` nodes; (job id, its output file, its --out directory)."""
-    out_dir = base / f"out-{time.time_ns()}"
-    args = (
-        f"--peer-host 127.0.0.1 --memory-per-node {base / 'shm'} --seed {seed} "
-        f"--eval-every 20 --threads 1 --out {out_dir}" + (" --burn" if burn else "")
-    )
+    """train_ddp.sbatch on ``nodes`` nodes; (job id, its output file, its --out directory).
+    ``own_checkpoint_dir`` False: the SPANK plugin's ``<checkpoint_root>/<jobid>``, whose
+    resume.json the controller reads, as a job submitted from the docs gets."""
+    scratch = base / f"run-{time.time_ns()}"
+    scratch.mkdir(mode=0o755)
+    args = f"--seed {seed} --eval-every 20 --threads 1" + (" --burn" if burn else "")
+    ckpt = base / f"ckpt-{time.time_ns()}" if own_checkpoint_dir else None
+    env = drill.ddp_env(scratch, port, args, ckpt, peer_port)
     job_id, out = drill.submit_training(
         cluster,
         steps=steps,
@@ -84,15 +89,9 @@ def submit(
         auto_resume=auto_resume,  # None: the srun inside opts in
         script=SCRIPT,
         extra=("--nodes", str(nodes)),
-        env={
-            "TRAIN_SCRIPT": str(drill.EXAMPLES / "train_ddp.py"),
-            "TRAIN_DDP_ARGS": args,
-            "TRAIN_DDP_PEER_PORT": str(peer_port),
-            "MASTER_PORT": str(port),
-            "HYPERPOD_CHECKPOINT_DIR": str(base / f"ckpt-{time.time_ns()}"),
-        },
+        env=env,
     )
-    return job_id, out, out_dir
+    return job_id, out, scratch / "out"
 
 
 def seeded(what: str) -> tuple[int, random.Random, Path]:
@@ -225,6 +224,85 @@ def test_a_dead_node_of_a_ddp_job_requeues_it_and_it_resumes_where_it_was(
         f"steps lost {last_before - after.resumed_from} (resumed from {after.resumed_from}, "
         f"reached {last_before})"
     )
+
+
+def test_goodput_of_a_faulted_ddp_run_matches_a_hand_count(cluster: LocalCluster) -> None:
+    """XID 79 on a random node of a running train_ddp job (batch host included), retried
+    in place; once the job ended, ``hyperpod goodput --job J`` against a count by hand
+    from the job's output and the fault's time: the time lost is from the injection to
+    the first step after the one restored, plus the steps run again at the median step
+    time; over the wall time Slurm shows. Within 2 %."""
+    seed, rng, base = seeded("train_ddp goodput drill")
+    steps = 200
+    job_id, out, _ = submit(cluster, base, seed, 29650, steps=steps, own_checkpoint_dir=False)
+    job = reach(cluster, job_id, out, 40)
+    victim = rng.choice(sorted(job.nodes))
+    print(f"XID 79 on {victim} (of {sorted(job.nodes)}; batch host {job.batch_host})")
+    injected = time.time()
+    drill.inject_xid(cluster, victim)
+    done = drill.wait_job_end(cluster, job_id, timeout=400)
+    text = out.read_text()
+    assert done.state == "COMPLETED", text[-3000:]
+    log = drill.parse_train_log(text)
+    assert len(log.attempts) == 2, text[-3000:]
+    first, again = log.attempts
+    reached = max(s for s, _ in first.steps)
+    resumed = again.resumed_from
+    assert resumed is not None, text[-3000:]
+    first_new = min(at for s, at in again.steps if s == resumed + 1)
+    times = sorted(first.steps)
+    step_s = statistics.median(b[1] - a[1] for a, b in zip(times, times[1:], strict=False))
+
+    g = hyperpod(cluster, "goodput", "--job", str(job_id))
+    lost = (first_new - injected) + (reached - resumed) * step_s
+    hand = (g["wall_s"] - lost) / g["wall_s"]
+    print(
+        f"goodput: measured ETTR {g['ettr']:.4f}, by hand {hand:.4f} (wall {g['wall_s']:.1f} s, "
+        f"lost by hand {lost:.2f} s: first new step +{first_new - injected:.2f} s, "
+        f"{reached - resumed} step(s) again at {step_s:.3f} s); measured lost "
+        + ", ".join(f"{c} {v['seconds']}" for c, v in g["lost"].items() if v["seconds"])
+    )
+    assert g["ettr"] == pytest.approx(hand, rel=0.02)
+    [incident] = g["incidents"]
+    assert incident["path"] == "step_retry" and incident["node"] == victim
+    assert incident["phases"]["restart"]["complete"], incident
+    assert incident["recomputed_steps"] == reached - resumed
+
+
+def test_two_nodes_of_a_ddp_job_faulted_within_a_second_are_one_recovery(
+    cluster: LocalCluster,
+) -> None:
+    """XID 79 on two of a 3-node train_ddp job's nodes (drawn at random, the batch host
+    among them) within a second: one recovery, never two surgeries at once. A second
+    fault seen before the spare joins rolls the retry back to one requeue naming why;
+    the job ends with every step, each computed once."""
+    seed, rng, base = seeded("train_ddp two-fault drill")
+    job_id, out, out_dir = submit(cluster, base, seed, 29670, nodes=3, peer_port=24980)
+    job = reach(cluster, job_id, out, 15)
+    first, second = rng.sample(sorted(job.nodes), 2)
+    print(f"XID 79 on {first} and {second} (of {sorted(job.nodes)}; batch host {job.batch_host})")
+    at = drill.inject_xid(cluster, first)
+    assert drill.inject_xid(cluster, second) - at < 1.0
+    done = drill.wait_job_end(cluster, job_id, timeout=400)
+    text = out.read_text()
+    assert done.state == "COMPLETED", text[-3000:]
+    kinds = [str(e["kind"]) for e in events_of(cluster, job_id)]
+    assert kinds.count("step_retry_planned") <= 1, kinds
+    assert kinds.count("requeue") <= 1 and done.restart_count == kinds.count("requeue"), kinds
+    if "requeue" in kinds:
+        why = [
+            e
+            for e in events_of(cluster, job_id)
+            if e["kind"] in ("step_retry_requeue", "step_retry_failed", "requeue")
+        ]
+        assert why and all(e.get("cause") for e in why), why
+    assert sorted(losses(out_dir)) == list(range(1, STEPS + 1))  # each step, one way
+    last = drill.parse_train_log(text).attempts[-1]
+    assert not {first, second} & set(expand_hostlist(last.nodes)), last.nodes
+
+
+def events_of(cluster: LocalCluster, job_id: int) -> list[dict[str, object]]:
+    return [e for e in hyperpod(cluster, "events", "--limit", "500") if e.get("job_id") == job_id]
 
 
 @contextlib.contextmanager
