@@ -15,25 +15,25 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
 
 from hyperpod_agent.controller import intents, metrics, records
 from hyperpod_agent.controller.config import ControllerConfig
 from hyperpod_agent.controller.crash import crash_from_env
 from hyperpod_agent.controller.gate import Gate, Refused, gated
+from hyperpod_agent.controller.intent_log import IntentLog
 from hyperpod_agent.controller.isolation import Isolation
 from hyperpod_agent.controller.observe import WouldHave
 from hyperpod_agent.controller.providers.base import (
     Provider,
     ProviderError,
-    ReplaceStatus,
     SlurmApi,
 )
+from hyperpod_agent.controller.replacing import Keepalive, Replacements
 from hyperpod_agent.controller.snapshot import Decision, Kind, PlannedAction
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.lease import Lease
 from hyperpod_agent.controller.store.log import MAX_MESSAGE
-from hyperpod_agent.controller.store.rows import ActionRow, EventIn
+from hyperpod_agent.controller.store.rows import ActionRow
 from hyperpod_agent.errors import SlurmError
 from hyperpod_agent.slurm.models import Job, Node
 from hyperpod_agent.text import printable
@@ -43,9 +43,6 @@ log = logging.getLogger(__name__)
 # Flap damping: these are not repeated on the same node within ``policy.cooldown_s``.
 # Drains are never delayed: a faulty node must leave service at once.
 COOLDOWN_KINDS = (Kind.RESUME.value, Kind.REBOOT.value, Kind.REPLACE.value)
-TAKE_OUT_KINDS = (Kind.DRAIN.value, Kind.HOLD.value, Kind.REBOOT.value, Kind.REPLACE.value)
-
-Keepalive = Callable[[], None]
 
 
 class Executor:
@@ -64,15 +61,34 @@ class Executor:
         self.provider = provider
         self.config = config
         self._crash_hook = crash_hook if crash_hook is not None else crash_from_env
-        # Called while a long provider command runs (the systemd watchdog ping).
-        self.keepalive: Keepalive | None = None
-        # The leader's lease while a pass runs with [ha]: every intent write is fenced
-        # with it, so a deposed leader writes none (LeaseLost ends its pass).
-        self.fence: Lease | None = None
+        self.log = IntentLog(store, config)
+        # the hook looked up when called: a test sets the executor's after construction
+        self.replacements = Replacements(
+            self.slurm, provider, config, self.log, lambda point: self._crash_hook(point)
+        )
         # Observe mode: the decisions of the last pass, (kind, target) -> fault code.
         self.would_have = WouldHave(store)
         # Each intent and action on its own: one that raises is skipped, not the pass.
         self.isolation = Isolation(store.add_event, time.time)
+
+    @property
+    def fence(self) -> Lease | None:
+        """The leader's lease while a pass runs with [ha]: every intent write is fenced
+        with it, so a deposed leader writes none (LeaseLost ends its pass)."""
+        return self.log.fence
+
+    @fence.setter
+    def fence(self, lease: Lease | None) -> None:
+        self.log.fence = lease
+
+    @property
+    def keepalive(self) -> Keepalive | None:
+        """Called while a long provider command runs (the systemd watchdog ping)."""
+        return self.replacements.keepalive
+
+    @keepalive.setter
+    def keepalive(self, ping: Keepalive | None) -> None:
+        self.replacements.keepalive = ping
 
     # -- the plan -------------------------------------------------------------------
     def execute(
@@ -156,9 +172,6 @@ class Executor:
         self._apply(row, now)
         return aid
 
-    def _update(self, action_id: int, state: str, now: float, **fields: Any) -> None:
-        self.store.update_action(action_id, state, now, fence=self.fence, **fields)
-
     def _cooling(self, pa: PlannedAction, now: float) -> bool:
         if pa.node is None or pa.admin or pa.kind.value not in COOLDOWN_KINDS:
             return False
@@ -192,15 +205,15 @@ class Executor:
         self, row: ActionRow, nodes: Mapping[str, Node], by_id: Mapping[int, Job], now: float
     ) -> int:
         if row.state == "applied":
-            return self._poll(row, nodes, now)
+            return self.replacements.poll(row, nodes, now)
         if row.next_attempt_at > now:
             return 0
         if intents.already_applied(row, nodes, by_id):
-            self._done(row, now, "found already applied in Slurm")
+            self.log.done(row, now, "found already applied in Slurm")
             return 0
         why = intents.too_old(row, now, self.config.policy.intent_max_age_s)
         if why is not None:
-            self._abandon(row, why, now)
+            self.log.abandon(row, why, now)
             return 0
         if self.config.policy.observe:
             return 0
@@ -215,13 +228,13 @@ class Executor:
             current = self.slurm.node(str(row.node))
         except SlurmError as exc:
             if f"unknown node {row.node}" in str(exc):
-                self._abandon(row, "the node is no longer in Slurm", now)
+                self.log.abandon(row, "the node is no longer in Slurm", now)
             else:
-                self._failed_attempt(row, f"re-reading {row.node}: {exc}", now)
+                self.log.failed_attempt(row, f"re-reading {row.node}: {exc}", now)
             return False
         why = intents.changed_hands(row, current, (self.config.slurm_user,))
         if why is not None:
-            self._abandon(row, why, now)
+            self.log.abandon(row, why, now)
             return False
         return True
 
@@ -243,18 +256,18 @@ class Executor:
                 assert row.job_id is not None
                 self.slurm.cancel(row.job_id)
             elif row.kind == Kind.REPLACE.value:
-                self._replace(row, now)
+                self.replacements.start(row, now)
                 return
             else:
                 raise ProviderError(f"unknown action kind {row.kind!r}")
         except Refused as exc:
-            self._abandon(row, exc.why, now)  # somebody else's since: never retried
+            self.log.abandon(row, exc.why, now)  # somebody else's since: never retried
             return
         except (SlurmError, ProviderError) as exc:
-            self._failed_attempt(row, str(exc), now)
+            self.log.failed_attempt(row, str(exc), now)
             return
         self._crash_hook(f"applied:{row.kind}")
-        self._done(row, now, counts_attempt=True)
+        self.log.done(row, now, counts_attempt=True)
 
     def _resume(self, row: ActionRow, expect: tuple[str, ...] | None) -> None:
         """Resume the node; an admin's resume through the re-entry gate (``deep_check``)
@@ -279,173 +292,6 @@ class Executor:
             return
         self.slurm.drain(node, row.reason, expect=expect)
         self.slurm.reboot(node, row.reason, asap=False, next_state="", expect=expect)
-
-    def _replace(self, row: ActionRow, now: float) -> None:
-        """Start a replacement. A provider that must not run twice (an admin command)
-        is recorded as started first: a controller killed while it runs polls for the
-        node afterwards and never runs it again."""
-        params = {**row.params, "action_id": row.id}
-        if self.provider.runs_once:
-            started = {"started_at": now, "interrupted": True, "node": row.node}
-            self._update(row.id, "applied", now, params={**params, "handle": started})
-        try:
-            with self.slurm.provider_call(f"replace via {self.provider.name}", str(row.node)):
-                handle = self.provider.replace(
-                    str(row.node), row.reason, params, now, self.keepalive
-                )
-        except Refused as exc:
-            self._abandon(row, exc.why, now)
-            return
-        except (SlurmError, ProviderError) as exc:
-            self._failed_attempt(row, str(exc), now)
-            return
-        self._crash_hook(f"applied:{row.kind}")
-        message = f"replace {row.node} via {self.provider.name}: {row.cause}"
-        self._update(
-            row.id,
-            "applied",
-            now,
-            attempts=row.attempts + 1,
-            params={**params, "handle": handle},
-            events=[EventIn("replace_started", message, row.node, row.job_id, row.cause)],
-        )
-        log.info("%s", message)
-
-    def _poll(self, row: ActionRow, nodes: Mapping[str, Node], now: float) -> int:
-        handle = row.params.get("handle", {})
-        status = self.provider.poll(handle, nodes, now)
-        if status is ReplaceStatus.PENDING:
-            if now - row.updated_at > self.config.policy.replace_timeout_s:
-                status = ReplaceStatus.FAILED
-            else:
-                return 0
-        if status is ReplaceStatus.FAILED:
-            why = "replacement did not complete"
-            if handle.get("interrupted"):
-                why += " (the controller stopped while its command ran; not run again)"
-            self._update(
-                row.id,
-                "failed",
-                now,
-                error=why,
-                events=[
-                    EventIn(
-                        "action_failed",
-                        f"replace {row.node}: {why}",
-                        row.node,
-                        row.job_id,
-                        row.cause,
-                    )
-                ],
-            )
-            metrics.ACTIONS.labels(row.kind, "failed").inc()
-            return 0
-        self._crash_hook(f"came_back:{row.kind}")
-        note = ""
-        if self.provider.resumes_node:
-            # Only while it still has our replace reason: an admin who drained the node
-            # meanwhile keeps it. With the re-entry gate the node that came back is not
-            # resumed but handed to the gate, which resumes it once it passed.
-            gated = self.config.deep_checks.reentry_gate_on
-            try:
-                if gated:
-                    self.slurm.drain(
-                        str(row.node), intents.replaced_reason(row), expect=(row.reason,)
-                    )
-                    note = "back; held for a deep check before it takes work"
-                else:
-                    self.slurm.resume(str(row.node), expect=(row.reason,))
-            except Refused as exc:
-                self._done(row, now, f"not {'held' if gated else 'resumed'}: {exc.why}")
-                return 1
-            except SlurmError as exc:
-                log.warning("resume %s after replacement: %s (retrying)", row.node, exc)
-                return 0
-        self._done(row, now, note, measured=True)
-        return 1
-
-    def _failed_attempt(self, row: ActionRow, error: str, now: float) -> None:
-        attempts = row.attempts + 1
-        policy = self.config.policy
-        if attempts >= policy.max_attempts:
-            message = (
-                f"{row.kind} {intents.row_target(row)} failed after {attempts} attempts: {error}"
-            )
-            self._update(
-                row.id,
-                "failed",
-                now,
-                attempts=attempts,
-                error=error,
-                events=[EventIn("action_failed", message, row.node, row.job_id, row.cause)],
-            )
-            metrics.ACTIONS.labels(row.kind, "failed").inc()
-            log.info("%s", message)
-            return
-        delay = policy.retry_backoff_s * 2 ** (attempts - 1)
-        self._update(
-            row.id, "intent", now, attempts=attempts, error=error, next_attempt_at=now + delay
-        )
-        metrics.ACTIONS.labels(row.kind, "retry").inc()
-        log.warning(
-            "%s %s failed (attempt %d, retry in %.0f s): %s",
-            row.kind,
-            intents.row_target(row),
-            attempts,
-            delay,
-            error,
-        )
-
-    def _abandon(self, row: ActionRow, why: str, now: float) -> None:
-        message = f"{row.kind} {intents.row_target(row)} abandoned: {why}"
-        self._update(
-            row.id,
-            "abandoned",
-            now,
-            error=why,
-            events=[EventIn("abandoned", message, row.node, row.job_id, row.cause)],
-        )
-        metrics.ACTIONS.labels(row.kind, "abandoned").inc()
-        log.warning("%s", message)
-
-    def _done(
-        self,
-        row: ActionRow,
-        now: float,
-        note: str = "",
-        counts_attempt: bool = False,
-        measured: bool | None = None,
-    ) -> None:
-        """Mark ``row`` done with its accounting and event, in one transaction. A take-out
-        is measured (fault to drain) when it is ``measured``, by default when there is no
-        ``note`` (one that went otherwise: found applied, not resumed)."""
-        job = (
-            records.requeued(self.store.job(row.job_id or 0), row, now)
-            if row.kind == Kind.REQUEUE.value
-            else None
-        )
-        extra = f" ({note})" if note else ""
-        if row.kind == Kind.REQUEUE.value and "attempt" in row.params:
-            extra = f" (attempt {row.params['attempt']}/{row.params.get('cap', '?')}){extra}"
-        reason = f" reason={row.reason!r}" if row.reason else ""
-        message = f"{row.kind} {intents.row_target(row)}{reason}: {row.cause}{extra}"
-        self._update(
-            row.id,
-            "done",
-            now,
-            attempts=row.attempts + 1 if counts_attempt else None,
-            job=job,
-            events=[EventIn(row.kind, message, row.node, row.job_id, row.cause)],
-        )
-        log.info("%s", message)
-        metrics.ACTIONS.labels(row.kind, "done").inc()
-        if job is not None:
-            metrics.REQUEUES.inc()
-        first = row.params.get("fault_first_seen")
-        if measured is None:
-            measured = not note
-        if row.kind in TAKE_OUT_KINDS and isinstance(first, int | float) and measured:
-            metrics.FAULT_TO_DRAIN.observe(max(0.0, now - float(first)))
 
     def _event(self, kind: str, message: str, pa: PlannedAction, now: float) -> None:
         self.store.add_event(kind, message, now, node=pa.node, job_id=pa.job_id, cause=pa.cause)
