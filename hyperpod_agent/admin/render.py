@@ -139,6 +139,7 @@ def status_text(s: dict[str, Any], now: datetime) -> str:
             ("mode", s.get("mode") or ("observe" if s.get("dry_run") else "act")),
             ("last pass", f"{timestamp(last)} ({age(last, now)} ago)" if last else "never"),
             *leading,
+            *_slurmctld(s),
             *_degraded(s.get("degraded")),
         ]
     )
@@ -146,6 +147,16 @@ def status_text(s: dict[str, Any], now: datetime) -> str:
     if not isinstance(controllers, list) or not controllers:
         return text
     return text + "\n\n" + _controllers_table(controllers)
+
+
+def _slurmctld(s: dict[str, Any]) -> list[tuple[str, Any]]:
+    """slurmctld's version, and whether a step retry may merge a spare into a job there
+    (an older controller says neither)."""
+    if "expansion_refused" not in s:
+        return []
+    refused = s.get("expansion_refused") or ""
+    retry = f"requeued instead ({refused})" if refused else "in place"
+    return [("slurmctld", s.get("slurmctld_version") or "unknown"), ("step retry", retry)]
 
 
 def _degraded(items: Any) -> list[tuple[str, Any]]:

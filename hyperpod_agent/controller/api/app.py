@@ -187,6 +187,8 @@ def create_app(
             this_controller=controller.config.controller_id(),
             role=controller.role(),  # type: ignore[arg-type]
             degraded=controller.isolation.quarantined(),
+            expansion_refused=controller.gate.expansion.refusal(),
+            slurmctld_version=controller.gate.expansion.version,
         )
 
     def _agent_release(node: str, request: Request) -> None:

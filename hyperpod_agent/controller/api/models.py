@@ -123,6 +123,10 @@ class Status(BaseModel):
     role: Literal["leader", "standby", "single"]
     # items every pass skips since they kept failing (kind and id): the controller is degraded
     degraded: list[str] = Field(default_factory=list)
+    # slurmctld's version, and why a step retry may not merge a spare into a job there
+    # ("" when it may: slurm/version.py)
+    slurmctld_version: str | None = None
+    expansion_refused: str = ""
 
 
 class NodeOut(BaseModel):

@@ -125,6 +125,27 @@ def test_status_incident_mode_is_loud(stub: Stub) -> None:
     assert "incident mode:   YES: 40% of main failing disk" in run(stub, status).output
 
 
+def test_status_says_whether_a_step_retry_can_stay_in_place(stub: Stub) -> None:
+    stub.answer(
+        "GET",
+        "/v1/status",
+        200,
+        {**STATUS, "slurmctld_version": "22.05.8", "expansion_refused": ""},
+    )
+    out = run(stub, status).output
+    assert "slurmctld:       22.05.8" in out and "step retry:      in place" in out
+    why = "job expansion refused: it crashes slurmctld 25.11.7 (NULL license list …)"
+    stub.answer(
+        "GET",
+        "/v1/status",
+        200,
+        {**STATUS, "slurmctld_version": "25.11.7", "expansion_refused": why},
+    )
+    assert f"step retry:      requeued instead ({why})" in run(stub, status).output
+    stub.answer("GET", "/v1/status", 200, STATUS)  # an older controller says neither
+    assert "slurmctld" not in run(stub, status).output
+
+
 def _closed_url() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -275,6 +275,9 @@ def test_no_expansion_on_a_slurmctld_it_is_not_shown_safe_on(api: Api, version: 
     answers instead, and nothing of the job is touched in place."""
     api.slurm.version = version
     api.controller.gate.expansion.refusal(fresh=True)  # as a pass RECHECK_S later reads it
+    status = api.get("/v1/status", who="node1").json()
+    assert status["slurmctld_version"] == version
+    assert status["expansion_refused"].startswith("job expansion refused")
     faulty(api)
     out = ask(api).json()
     assert out["decision"] == "REQUEUE" and "job expansion refused" in out["cause"], out
