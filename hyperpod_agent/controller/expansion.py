@@ -20,6 +20,9 @@ from hyperpod_agent.slurm.version import expansion_refusal
 log = logging.getLogger(__name__)
 
 RECHECK_S = 300.0
+# A failed read is tried again this much sooner (it is refused meanwhile).
+FAILED_RECHECK_S = 30.0
+NOT_READ = "job expansion refused: slurmctld's version not read yet"
 
 
 class VersionReader(Protocol):
@@ -32,23 +35,30 @@ class ExpansionGuard:
     def __init__(self, slurm: VersionReader, clock: Callable[[], float] = time.time) -> None:
         self.slurm = slurm
         self.clock = clock
-        self._read: tuple[float, str] | None = None  # (when read, refusal)
+        self._read: tuple[float, float, str] | None = None  # (when read, valid for, refusal)
         self.version: str | None = None
 
     def refusal(self, fresh: bool = False) -> str:
         """Why no running job may be expanded now ("" when allowed). ``fresh``: read
-        slurmctld's version now, not from the last RECHECK_S."""
+        slurmctld's version now, not from the last RECHECK_S (FAILED_RECHECK_S after a
+        failed read: unknown is refused, and each read costs an ``scontrol``)."""
         now = self.clock()
-        if not fresh and self._read is not None and now - self._read[0] < RECHECK_S:
-            return self._read[1]
+        if not fresh and self._read is not None and now - self._read[0] < self._read[1]:
+            return self._read[2]
         try:
             version = self.slurm.slurmctld_version()
         except SlurmError as exc:
-            # Unknown is refused, and read again next time (not cached).
-            log.warning("reading slurmctld's version failed: %s", exc)
-            return f"job expansion refused: slurmctld's version could not be read ({exc})"
-        why = expansion_refusal(version)
-        if self._read is None or self._read[1] != why:
-            log.info("slurmctld %s: %s", version, why or "job expansion allowed (shown safe)")
-        self.version, self._read = version, (now, why)
+            version, valid = None, FAILED_RECHECK_S
+            why = f"job expansion refused: slurmctld's version could not be read ({exc})"
+        else:
+            valid, why = RECHECK_S, expansion_refusal(version)
+        if self._read is None or self._read[2] != why:  # logged when it changes only
+            level = logging.WARNING if why and version is None else logging.INFO
+            log.log(level, "slurmctld %s: %s", version or "?", why or "job expansion allowed")
+        self.version, self._read = version, (now, valid, why)
         return why
+
+    def known(self) -> str:
+        """The last answer, without reading Slurm (for the API: no request waits on
+        an ``scontrol``)."""
+        return NOT_READ if self._read is None else self._read[2]

@@ -187,7 +187,7 @@ def create_app(
             this_controller=controller.config.controller_id(),
             role=controller.role(),  # type: ignore[arg-type]
             degraded=controller.isolation.quarantined(),
-            expansion_refused=controller.gate.expansion.refusal(),
+            expansion_refused=controller.gate.expansion.known(),
             slurmctld_version=controller.gate.expansion.version,
         )
 
