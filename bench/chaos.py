@@ -1,0 +1,376 @@
+"""A seeded chaos campaign on a busy HA local cluster, judged by an independent checker.
+
+One local cluster with ``--ha`` (PostgreSQL, two controllers, an agent per node; 4 nodes
+and 2 spares) at the shipped policy, kept busy by a bounded workload: toy training jobs
+whose step runs under ``srun --auto-resume=1``, toy jobs with ``sbatch --auto-resume=1``
+and plain jobs; an admin drains a node with their own reason for the first half of the
+run. Faults are drawn with the seed at ``--rate`` per minute (exponential gaps) from the
+catalogue below, each on a node (or controller) drawn at random, and heal as their
+scenario says. Every 2 s the driver samples Slurm (``scontrol show node/job/res -o``),
+the controllers' processes and the leader's status; at the end it reads slurmctld's log,
+the job outputs and the product's event log, and bench/chaos_check.py judges them: the
+event log is checked against Slurm, never trusted.
+
+    .venv/bin/python bench/chaos.py --minutes 10 --seed 1
+
+Faults (``--faults`` picks a subset):
+  xid79        XID 79 on a GPU of a node in service (the controller takes it out)
+  slurmd_kill  a node's slurmd SIGKILLed; the node reboots 30 s later
+  node_crash   everything on a node SIGKILLed; the machine comes back 30 s later
+  agent_kill   a node's agent SIGKILLed; started again 5 s later
+  leader_kill  the leading controller SIGKILLed; started again 10 s later
+
+Exit status 1 when the checker found a violation; the last line replays the campaign.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.chaos_check import Evidence, Limits, check_campaign, summarize  # noqa: E402
+from bench.chaos_evidence import (  # noqa: E402
+    AdminAction,
+    Event,
+    Injection,
+    ProcessSample,
+    Recovery,
+    ctld_actions,
+    parse_ctld_log,
+    parse_events,
+    parse_jobs,
+    parse_nodes,
+    parse_reservations,
+    parse_train_output,
+    status_sample,
+)
+from hyperpod_agent.controller.config import load_config  # noqa: E402
+from hyperpod_agent.localcluster import drill, ha  # noqa: E402
+from hyperpod_agent.localcluster.cluster import LocalCluster  # noqa: E402
+
+BASE = Path("/var/tmp/hyperpod-bench-chaos")
+PORT_BASE = 19617
+FAULTS = ("xid79", "slurmd_kill", "node_crash", "agent_kill", "leader_kill")
+HEAL_S = {"slurmd_kill": 30.0, "node_crash": 30.0, "agent_kill": 5.0, "leader_kill": 10.0}
+SAMPLE_S = 2.0
+MAX_JOBS = 120  # the workload's bound, whatever the minutes
+RUNNING_JOBS = 3  # submitted while fewer are pending or running
+SETTLE_S = 240.0  # after the last fault: heal, let recoveries finish
+
+
+HYPERPOD = (sys.executable, "-m", "hyperpod_agent")
+
+
+def run(cluster: LocalCluster, *argv: str, timeout: float = 20.0) -> str:
+    """A command's output; its error said on stderr when it failed."""
+    env = {**cluster.env, "HYPERPOD_LOCAL_CLUSTER_DIR": str(cluster.dir)}
+    res = subprocess.run(
+        list(argv), capture_output=True, text=True, timeout=timeout, env=env, check=False
+    )
+    if res.returncode != 0:
+        print(
+            f"  {' '.join(argv[:4])}: rc {res.returncode}: {res.stderr.strip()[:300]}", flush=True
+        )
+    return res.stdout
+
+
+@dataclass
+class Campaign:
+    cluster: LocalCluster
+    rng: random.Random
+    t0: float = field(default_factory=time.time)
+    evidence: dict[str, list] = field(  # type: ignore[type-arg]
+        default_factory=lambda: {k: [] for k in ("nodes", "jobs", "res", "proc", "status")}
+    )
+    injections: list[Injection] = field(default_factory=list)
+    admin: list[AdminAction] = field(default_factory=list)
+    outputs: dict[int, Path] = field(default_factory=dict)
+    auto_resume: set[int] = field(default_factory=set)
+    submitted: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # -- evidence ----------------------------------------------------------------------
+    def sample(self) -> None:
+        t = time.time()
+        c = self.cluster
+        nodes = parse_nodes(t, run(c, "scontrol", "show", "node", "-o"))
+        jobs = parse_jobs(t, run(c, "scontrol", "show", "job", "-o"))
+        res = parse_reservations(t, run(c, "scontrol", "show", "res", "-o"))
+        procs = []
+        for name in c.services.controllers:
+            pid = c.services.pid(name)
+            gauge = ha.leader_gauge(c.services.url_of(name))
+            alive = pid is not None and _alive(pid)
+            claimed = None if gauge is None else gauge == 1.0
+            procs.append(ProcessSample(t, name, pid or 0, alive, claimed))
+        status = self._status(t)
+        with self.lock:
+            self.evidence["nodes"] += nodes
+            self.evidence["jobs"] += jobs
+            self.evidence["res"].append(res)
+            self.evidence["proc"] += procs
+            if status is not None:
+                self.evidence["status"].append(status)
+
+    def _status(self, t: float) -> object:
+        text = run(self.cluster, *HYPERPOD, "status", "--json")
+        try:
+            return status_sample(t, json.loads(text))
+        except (ValueError, KeyError, TypeError):
+            return None  # no controller answered this time: the checker sees the gap
+
+    # -- workload ----------------------------------------------------------------------
+    def keep_busy(self) -> None:
+        """Submit a job while fewer than RUNNING_JOBS of ours are pending or running."""
+        if self.submitted >= MAX_JOBS:
+            return
+        text = run(self.cluster, "squeue", "-h", "-o", "%i %T")
+        live = [line for line in text.splitlines() if line.split()[-1:] != ["COMPLETING"]]
+        if len(live) >= RUNNING_JOBS:
+            return
+        kind = self.rng.choice(("in_place", "requeue", "plain"))
+        self.submitted += 1
+        if kind == "plain":
+            run(self.cluster, "sbatch", "-N1", "--job-name=plain", "--wrap", "sleep 20")
+            return
+        script = "train_in_place.sbatch" if kind == "in_place" else "train.sbatch"
+        job_id, out = drill.submit_training(
+            self.cluster,
+            steps=80,
+            step_time=0.3,
+            ckpt_every=5,
+            auto_resume=None if kind == "in_place" else 1,
+            script=script,
+        )
+        self.outputs[job_id] = out
+        self.auto_resume.add(job_id)
+
+    # -- faults ------------------------------------------------------------------------
+    def inject(self, kind: str, heal: list[tuple[float, Callable[[], None]]]) -> None:
+        c = self.cluster
+        now = time.time()
+        in_service = [n for n in c.nodes if n not in self._admin_held()]
+        if kind == "leader_kill":
+            leaders = [
+                n for n in c.services.controllers if ha.leader_gauge(c.services.url_of(n)) == 1.0
+            ]
+            if not leaders:
+                return
+            name = leaders[0]
+            pid = c.services.pid(name)
+            if pid is None:
+                return
+            os.kill(pid, signal.SIGKILL)
+            self.injections.append(Injection(now, kind, name, now + HEAL_S[kind]))
+            heal.append((now + HEAL_S[kind], lambda: _start_controller(c, name)))
+            return
+        node = self.rng.choice(sorted(in_service))
+        if kind == "xid79":
+            drill.inject_xid(c, node)
+            self.injections.append(Injection(now, kind, node))
+            return
+        if kind == "agent_kill":
+            pid = c.services.pid(f"agent-{node}")
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+            heal.append((now + HEAL_S[kind], lambda: _start_agent(c, node)))
+        elif kind == "slurmd_kill":
+            c.node_kill(node)
+            heal.append((now + HEAL_S[kind], lambda: _reboot(c, node)))
+        elif kind == "node_crash":
+            c.node_crash(node)
+            heal.append((now + HEAL_S[kind], lambda: _reboot(c, node)))
+        self.injections.append(Injection(now, kind, node, now + HEAL_S[kind]))
+
+    def _admin_held(self) -> set[str]:
+        return {a.node for a in self.admin if a.end is None}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _start_controller(cluster: LocalCluster, name: str) -> None:
+    cluster.services.start_controller(name=name)
+
+
+def _start_agent(cluster: LocalCluster, node: str) -> None:
+    cluster.services.start_agent(node)
+
+
+def _reboot(cluster: LocalCluster, node: str) -> None:
+    try:
+        cluster.node_reboot(node)
+    except Exception as exc:  # noqa: BLE001 - a reboot the controller started meanwhile
+        print(f"  heal {node}: {exc}", flush=True)
+
+
+def campaign(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    cluster = LocalCluster(args.dir, nodes=4, spares=2, port_base=args.port_base, ha=True)
+    cluster.up(timeout=120, services=True)
+    try:
+        return _campaign(cluster, rng, args)
+    finally:
+        if not args.keep:
+            cluster.down()
+
+
+def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespace) -> int:
+    c = Campaign(cluster, rng)
+    stop = threading.Event()
+
+    def sampler() -> None:
+        while not stop.is_set():
+            try:
+                c.sample()
+            except Exception as exc:  # noqa: BLE001 - one lost sample, said
+                print(f"  sample failed: {exc}", flush=True)
+            stop.wait(SAMPLE_S)
+
+    thread = threading.Thread(target=sampler, daemon=True)
+    thread.start()
+    try:
+        # The admin's own drain of a node, for the first half of the run.
+        held = rng.choice(sorted(cluster.nodes))
+        run(
+            cluster,
+            "scontrol",
+            "update",
+            f"nodename={held}",
+            "state=drain",
+            "reason=admin: firmware update",
+        )
+        c.admin.append(AdminAction("drain", held, time.time(), None, "admin: firmware update"))
+        kinds = args.faults.split(",")
+        end = c.t0 + args.minutes * 60
+        heal: list[tuple[float, Callable[[], None]]] = []
+        next_fault = time.time() + rng.expovariate(args.rate / 60)
+        admin_back = c.t0 + args.minutes * 30
+        while time.time() < end:
+            c.keep_busy()
+            now = time.time()
+            if c.admin[0].end is None and now >= admin_back:
+                run(cluster, "scontrol", "update", f"nodename={held}", "state=resume")
+                c.admin[0] = AdminAction(
+                    "drain", held, c.admin[0].start, time.time(), c.admin[0].reason
+                )
+            for due, fn in [h for h in heal if h[0] <= now]:
+                heal.remove((due, fn))
+                fn()
+            if now >= next_fault:
+                kind = rng.choice(kinds)
+                print(f"  +{now - c.t0:6.1f} s {kind}", flush=True)
+                try:
+                    c.inject(kind, heal)
+                except Exception as exc:  # noqa: BLE001 - a fault that could not land
+                    print(f"    not injected: {exc}", flush=True)
+                next_fault = now + rng.expovariate(args.rate / 60)
+            time.sleep(0.5)
+        settle = time.time() + SETTLE_S
+        while time.time() < settle and (heal or _live_jobs(cluster)):
+            for due, fn in [h for h in heal if h[0] <= time.time()]:
+                heal.remove((due, fn))
+                fn()
+            time.sleep(1.0)
+    finally:
+        stop.set()
+        thread.join(30)
+    report = judge(c, args)
+    print(report, flush=True)
+    return 1 if "violations: 0" not in report else 0
+
+
+def _live_jobs(cluster: LocalCluster) -> bool:
+    return bool(run(cluster, "squeue", "-h", "-o", "%i").strip())
+
+
+def read_events(cluster: LocalCluster, since: float) -> list[Event]:
+    """The product's event log since ``since``, page by page (the API gives 1000 at
+    most, oldest first; pages overlap by a timestamp and are joined by id)."""
+    found: dict[int, Event] = {}
+    after = since
+    for _ in range(100):  # bounded: 100,000 events
+        iso = datetime.fromtimestamp(after, UTC).isoformat()
+        text = run(cluster, *HYPERPOD, "events", "--since", iso, "--limit", "1000", "--json")
+        page = parse_events(text)
+        new = [e for e in page if e.id not in found]
+        found.update((e.id, e) for e in page)
+        if len(page) < 1000 or not new:
+            break
+        after = max(e.at for e in page)
+    return sorted(found.values(), key=lambda e: e.id)
+
+
+def judge(c: Campaign, args: argparse.Namespace) -> str:
+    cluster = c.cluster
+    config = load_config(cluster.services.controller_config_path(cluster.services.controllers[0]))
+    size = len(cluster.nodes) + len(cluster.spares)
+    policy = config.policy
+    max_out = max(policy.min_unhealthy_nodes, math.floor(policy.max_unhealthy_fraction * size))
+    events = read_events(cluster, c.t0)
+    log = (cluster.dir / "log" / "slurmctld.log").read_text(errors="replace")
+    ctld = [a for a in ctld_actions(parse_ctld_log(log)) if a.t >= c.t0]
+    outputs = {j: parse_train_output(p.read_text()) for j, p in c.outputs.items() if p.exists()}
+    evidence = Evidence(
+        nodes=c.evidence["nodes"],
+        jobs=c.evidence["jobs"],
+        reservations=c.evidence["res"],
+        ctld=ctld,
+        injections=c.injections,
+        admin=c.admin,
+        processes=c.evidence["proc"],
+        events=events,
+        status=c.evidence["status"],
+        outputs=outputs,
+        auto_resume_jobs=frozenset(c.auto_resume),
+        spares=frozenset(cluster.spares),
+    )
+    limits = Limits(max_out=max_out, reconcile_interval_s=config.reconcile_interval_s, ckpt_every=5)
+    violations = check_campaign(evidence, limits)
+    recoveries: list[Recovery] = []
+    return summarize(
+        c.injections, recoveries, violations, seed=args.seed, minutes=args.minutes, rate=args.rate
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    ap.add_argument("--minutes", type=float, default=10.0)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--rate", type=float, default=1.0, help="faults per minute")
+    ap.add_argument("--faults", default=",".join(FAULTS))
+    ap.add_argument("--dir", type=Path, default=BASE)
+    ap.add_argument("--port-base", type=int, default=PORT_BASE)
+    ap.add_argument("--keep", action="store_true", help="leave the cluster running")
+    args = ap.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(2**31)
+    if not 0 < args.minutes <= 120 or not 0 < args.rate <= 10:
+        ap.error("--minutes in (0, 120], --rate in (0, 10]")
+    if unknown := set(args.faults.split(",")) - set(FAULTS):
+        ap.error(f"unknown faults {sorted(unknown)}; known: {','.join(FAULTS)}")
+    print(f"chaos: seed {args.seed}, {args.minutes:g} min, {args.rate:g} faults/min", flush=True)
+    return campaign(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
