@@ -1,11 +1,11 @@
-"""The simulated cluster's nodes and job, and the controller's view of them.
+"""The simulated cluster's nodes and job, and what of them the controller's view holds.
 
 The controller's policy (``controller/policy.py: decide``, ``controller/stepretry/plan.py:
-decide_step``) is called with a :class:`Snapshot` built here, the same frozen records it
-gets from Slurm and the store in production. One difference, for speed: the snapshot holds
-the nodes *in play* (every node out of service, faulty, rebooting, idle, in the spare pool,
-the job's batch host) and leaves out the job's healthy nodes, which no rule acts on. What
-they would have counted for is kept:
+decide_step``) is called with a :class:`Snapshot` built from it (``view.py``), the same
+frozen records it gets from Slurm and the store in production. One difference, for speed:
+the snapshot holds the nodes *in play* (every node out of service, faulty, rebooting,
+idle, in the spare pool, the job's batch host) and leaves out the job's healthy nodes,
+which no rule acts on. What they would have counted for is kept:
 
 - the blast radius (``safety.limit_take_outs``) compares the nodes out with
   ``allowed_out(policy, partition size)``; the view's policy carries that limit, computed on
@@ -22,6 +22,24 @@ for is kept: their open faults stay in the snapshot (a shared cause counts them)
 that count against the blast radius (``safety.unavailable``) are taken off the limit the
 view's policy carries.
 
+Idle nodes (in service, healthy, no reason, not the batch host: ``Cluster.inert``) are
+left out as far as no decision can depend on them (``Cluster.lean``). No rule acts on such
+a node: ``node_rules._node_rules`` finds no fault, no reason of ours, a fresh heartbeat;
+spares, deep checks and hangs are other nodes'; the blast radius counts it nowhere. What
+it counts for is the capacity check of a requeue (``autoresume.capacity_shortfall``):
+usable nodes against the job's size, ``max(1, len(job.nodes))``.
+
+- One outside the job adds one usable node: a pass keeps as many of them as the job has
+  nodes in the view (at least one), lowest names first. With ``u`` usable nodes among the
+  rest and ``m`` the job's nodes in the view, ``u + idle < m`` comes out the same with
+  ``min(idle, max(1, m))`` idle nodes.
+- One listed among an ended job's nodes adds one to both sides: left out (one is kept if
+  none of the job's would stay, so that its size is never the 1 of an empty list). Its
+  past is read as well, by ``autoresume._faulty_nodes`` for a FAILED job (a fault first
+  seen by the end plus ``fault_window_s``) and by ``decide_step``'s ``attributable``; so
+  it is left out only from a pass's view, of a PENDING job (no rule reads its nodes) or of
+  a FAILED one when every fault in its history was first seen after that.
+
 ``tests/unit/test_simulate_runs.py`` and ``test_simulate_view.py`` check that runs decided
 on the view and on the full snapshot come out the same.
 """
@@ -34,13 +52,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from hyperpod_agent.controller.config import ControllerConfig
-from hyperpod_agent.controller.safety import allowed_out, parsed_reason, unavailable
-from hyperpod_agent.controller.snapshot import NodeHealth, Snapshot
+from hyperpod_agent.controller.safety import parsed_reason, unavailable
 from hyperpod_agent.controller.store.rows import ActionRow, FaultRow, TrackedJob
-from hyperpod_agent.health import Verdict
 from hyperpod_agent.reasons import SPARE, Verb
 from hyperpod_agent.simulate.causes import FaultClass
-from hyperpod_agent.slurm.models import Job, Node
+from hyperpod_agent.slurm.models import Node
 
 # The simulation's clock starts here (epoch seconds): the policy formats times as dates.
 EPOCH = 1_750_000_000.0
@@ -115,6 +131,14 @@ class Cluster:
             for i in range(nodes)
         ]
         self.play: set[int] = set()
+        # Filed by ``touch`` with ``play``, so that a pass walks none of the cluster: the
+        # nodes out of the job by role (all in play), those held for repair (with whether
+        # they count against the blast radius), those a time rule may wait on
+        # (``passes.next_timer``), and the idle ones no rule acts on (``lean``).
+        self.roles: dict[Role, set[int]] = {r: set() for r in Role if r is not Role.JOB}
+        self.held: dict[int, bool] = {}
+        self.timed: set[int] = set()
+        self.inert: set[int] = set()
         for i, n in enumerate(self.nodes):
             if n.role is Role.SPARE:
                 n.reason = SPARE
@@ -142,20 +166,45 @@ class Cluster:
             self.play.add(i)
         else:
             self.play.discard(i)
+        for role, members in self.roles.items():
+            if role is n.role:
+                members.add(i)
+            else:
+                members.discard(i)
+        ours = parsed_reason(n.reason) if n.role is Role.OUT else None
+        if ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE):
+            # Slurm shows an out node the same whether the job runs or not
+            replaced = (n.name,) if n.replaced else ()
+            self.held[i] = unavailable(slurm_node(n, False), replaced)
+        else:
+            self.held.pop(i, None)
+        reported = n.role in (Role.JOB, Role.IDLE) and (n.fault_row is not None or n.dead)
+        if reported or (ours is not None and ours.verb is Verb.RESET):
+            self.timed.add(i)
+        else:
+            self.timed.discard(i)
+        # in service, healthy and left alone as the policy sees it: shown IDLE with no
+        # reason and responding, its agent's verdict healthy and fresh (``_health``)
+        quiet = n.fault_row is None and n.rebooting_until is None and n.reboot_row is None
+        if n.role is Role.IDLE and quiet and not n.reason and not n.dead:
+            self.inert.add(i)
+        else:
+            self.inert.discard(i)
 
     def in_play(self, job: JobState) -> tuple[list[int], list[int]]:
-        """The nodes the policy's view holds, and the nodes held for repair it leaves out
-        (see the module doc)."""
+        """The nodes in play the policy's view holds (before ``lean``), and the nodes held
+        for repair it leaves out (see the module doc)."""
         if self.full_view:
             return list(range(len(self.nodes))), []
         extra = {job.batch_host}
         if job.slurm_state != "RUNNING":
             extra |= {i for i in self.recent if i in job.nodes}
-        idx: list[int] = []
-        held: list[int] = []
-        for i in sorted(self.play | extra):
-            left_out = i not in extra and i not in job.nodes and self._held(i)
-            (held if left_out and self.nodes[i].reboot_row is None else idx).append(i)
+        held = sorted(
+            i
+            for i in self.held
+            if i not in extra and i not in job.nodes and self.nodes[i].reboot_row is None
+        )
+        idx = sorted((self.play | extra).difference(held))
         # The pool hands out its ready spares lowest name first (replacement.SparePool), one
         # per replacement: a pass never needs more than one per node it could act on (a
         # node held for repair is not one: the policy leaves it alone).
@@ -163,7 +212,7 @@ class Cluster:
         acting = sum(
             1
             for i in idx
-            if self.nodes[i].role is not Role.SPARE and self._known(i) and not self._held(i)
+            if self.nodes[i].role is not Role.SPARE and self._known(i) and i not in self.held
         )
         ready = [i for i in idx if self.nodes[i].role is Role.SPARE and not self._known(i)]
         # (a spare still listed among an ended job's nodes counts in its size: kept)
@@ -174,16 +223,42 @@ class Cluster:
         return view, held
 
     def left(self, job: JobState) -> set[int]:
-        """The job's listed nodes no longer in service in it. A node out of the JOB role
-        is in play (``touch``), so this walks the few in play, not the whole job."""
-        return {i for i in self.play & job.nodes if self.nodes[i].role is not Role.JOB}
+        """The job's listed nodes no longer in service in it (every node out of the JOB
+        role is filed by role: this walks those, not the whole job)."""
+        return {i for members in self.roles.values() for i in members if i in job.nodes}
 
-    def _held(self, i: int) -> bool:
-        """Out under our hold or replace reason: the policy leaves the node to its repair
-        (``node_rules._node_rules``), so no replacement is ever for it."""
-        n = self.nodes[i]
-        ours = parsed_reason(n.reason) if n.role is Role.OUT else None
-        return ours is not None and ours.verb in (Verb.HOLD, Verb.REPLACE)
+    def lean(self, job: JobState, view: list[int], step: bool = False) -> list[int]:
+        """``view`` less the idle nodes no decision depends on (see the module doc): of
+        the inert nodes outside the job, as many as the job has nodes in the view (at
+        least one); of those listed in an ended job, the ones whose past cannot explain
+        its end, for a pass (``decide``) only."""
+        if self.full_view:
+            return view
+        window = self.config.auto_resume.fault_window_s
+        end = job.end_time
+        ended = not step and (
+            job.slurm_state == "PENDING" or (job.slurm_state == "FAILED" and end is not None)
+        )
+        free: list[int] = []
+        listed: list[int] = []
+        mine = 0
+        for i in view:
+            if i not in self.inert or i == job.batch_host:
+                mine += i in job.nodes
+            elif i not in job.nodes:
+                free.append(i)
+            elif ended and (
+                job.slurm_state == "PENDING" or _after(self.nodes[i], (end or 0.0) + window)
+            ):
+                listed.append(i)
+            else:
+                mine += 1
+        if not free and not listed:
+            return view
+        if not mine and listed:  # one stays: the job's size in the view is never 0
+            mine, listed = 1, listed[1:]
+        out = set(free[max(1, mine) :]) | set(listed)
+        return [i for i in view if i not in out]
 
     def _known(self, i: int) -> bool:
         """Faulty as the controller knows it (a fault not reported yet is not known):
@@ -192,22 +267,14 @@ class Cluster:
         return n.dead or n.fault_row is not None or n.rebooting_until is not None
 
     def count(self, role: Role) -> int:
-        """Nodes in ``role``; every role but JOB is in play, so this walks only those."""
+        """Nodes in ``role``; every role but JOB is filed (``touch``)."""
         if role is Role.JOB:
             return sum(1 for n in self.nodes if n.role is role)
-        return sum(1 for i in self.play if self.nodes[i].role is role)
+        return len(self.roles[role])
 
     def trim(self, now: float) -> None:
-        """Forget history the policy's windows no longer look at (nodes in play only:
-        a node's history is read only while it is in play)."""
-        keep_faults = max(self.config.policy.lemon_window_s, self.config.auto_resume.fault_window_s)
-        keep_done = self.config.policy.escalation_window_s
-        for i in self.play:
-            n = self.nodes[i]
-            while n.history and n.history[0].first_seen < now - keep_faults:
-                n.history.popleft()
-            while n.done and n.done[0].updated_at < now - keep_done:
-                n.done.popleft()
+        """Forget what the policy's windows no longer look at: the nodes' recent faults,
+        the requeues and retries of the last minute."""
         window = self.config.auto_resume.fault_window_s
         for i in [i for i, at in self.recent.items() if at < now - 2 * window]:
             del self.recent[i]
@@ -215,30 +282,28 @@ class Cluster:
             while times and times[0] < now - 60.0:
                 times.popleft()
 
+    def trim_nodes(self, idx: list[int], now: float) -> None:
+        """Forget the history of nodes ``idx`` that the policy's windows no longer look
+        at. A node's history is read only while it is in the view (``snapshot``): it is
+        trimmed when it is, to what it would have been trimmed to every pass."""
+        keep_faults = max(self.config.policy.lemon_window_s, self.config.auto_resume.fault_window_s)
+        keep_done = self.config.policy.escalation_window_s
+        for i in idx:
+            n = self.nodes[i]
+            while n.history and n.history[0].first_seen < now - keep_faults:
+                n.history.popleft()
+            while n.done and n.done[0].updated_at < now - keep_done:
+                n.done.popleft()
 
-def _dt(t: float | None) -> datetime | None:
+
+def _after(n: NodeState, t: float) -> bool:
+    """Was every fault in the node's history first seen after ``t``? (The history is in
+    the order the faults were seen.)"""
+    return not n.history or n.history[0].first_seen > t + 1.0  # (dates keep microseconds)
+
+
+def dt(t: float | None) -> datetime | None:
     return None if t is None else datetime.fromtimestamp(t, UTC)
-
-
-def shown(cluster: Cluster, i: int, job_running: bool) -> Node:
-    """Node ``i`` as ``slurm_node`` shows it, built again only when something it shows
-    changed (most of the view is the same from one pass to the next)."""
-    n = cluster.nodes[i]
-    key = (
-        n.role,
-        job_running,
-        n.reason,
-        n.reason_time,
-        n.rebooting_until is None,
-        n.dead,
-        n.boot_time,
-    )
-    known = cluster.shown.get(i)
-    if known is not None and known[0] == key:
-        return known[1]
-    node = slurm_node(n, job_running)
-    cluster.shown[i] = (key, node)
-    return node
 
 
 def slurm_node(n: NodeState, job_running: bool) -> Node:
@@ -258,109 +323,7 @@ def slurm_node(n: NodeState, job_running: bool) -> Node:
         frozenset(flags),
         reason=n.reason if "DRAIN" in flags else "",
         reason_user="root",
-        reason_time=_dt(n.reason_time) if "DRAIN" in flags else None,
+        reason_time=dt(n.reason_time) if "DRAIN" in flags else None,
         partitions=(PARTITION,),
-        boot_time=_dt(n.boot_time),
-    )
-
-
-def _health(n: NodeState, now: float, last_heard: float) -> NodeHealth:
-    if n.dead:
-        return NodeHealth(Verdict.FAULTY, last_heard, last_heard)
-    verdict = Verdict.FAULTY if n.fault_row is not None else Verdict.HEALTHY
-    return NodeHealth(verdict, now, now)
-
-
-def view(
-    cluster: Cluster, job: JobState, now: float, dead_since: dict[int, float]
-) -> tuple[Snapshot, ControllerConfig]:
-    """The policy's view of the cluster at ``now`` and the config to decide it with."""
-    idx, held = cluster.in_play(job)
-    running = job.slurm_state == "RUNNING"
-    # what the held nodes left out count against the blast radius, as the rule counts
-    out = sum(
-        1
-        for i in held
-        if unavailable(
-            shown(cluster, i, running),
-            (cluster.nodes[i].name,) if cluster.nodes[i].replaced else (),
-        )
-    )
-    return snapshot(cluster, job, now, dead_since, idx, held), view_config(cluster, out)
-
-
-def view_config(cluster: Cluster, held_out: int = 0) -> ControllerConfig:
-    """The config the view is decided with: the real blast-radius limit carried as
-    ``min_unhealthy_nodes``, less the ``held_out`` nodes left out of the view that count
-    against it (see the module doc). Below zero it would mean the same as zero: any
-    take-out is over the limit."""
-    if cluster.full_view:
-        return cluster.config
-    policy = cluster.config.policy
-    members = len(cluster.nodes) - cluster.count(Role.SPARE)  # as safety._members counts
-    limit = max(0, allowed_out(policy, members) - held_out)
-    if limit not in cluster.view_configs:
-        scaled = policy.model_copy(
-            update={"max_unhealthy_fraction": 1e-12, "min_unhealthy_nodes": limit}
-        )
-        cluster.view_configs[limit] = cluster.config.model_copy(update={"policy": scaled})
-    return cluster.view_configs[limit]
-
-
-def snapshot(
-    cluster: Cluster,
-    job: JobState | None,
-    now: float,
-    dead_since: dict[int, float],
-    idx: list[int],
-    held: list[int],
-) -> Snapshot:
-    """The snapshot of nodes ``idx``, with the open faults of the ``held`` ones too."""
-    running = job is not None and job.slurm_state == "RUNNING"
-    nodes = {cluster.nodes[i].name: shown(cluster, i, running) for i in idx}
-    health = {
-        cluster.nodes[i].name: _health(cluster.nodes[i], now, dead_since.get(i, now)) for i in idx
-    }
-    faulty = sorted(idx + held) if held else idx  # in node order, as for the whole cluster
-    open_faults = [cluster.nodes[i].fault_row for i in faulty if cluster.nodes[i].fault_row]
-    history = [f for i in idx for f in cluster.nodes[i].history]
-    done = [a for i in idx for a in cluster.nodes[i].done]
-    in_flight = [cluster.nodes[i].reboot_row for i in idx if cluster.nodes[i].reboot_row]
-    jobs: list[Job] = []
-    tracked: dict[int, TrackedJob] = {}
-    watched: dict[int, float | None] = {}
-    if job is not None:
-        names = [cluster.nodes[i].name for i in idx if i in job.nodes]
-        jobs.append(
-            Job(
-                job.job_id,
-                JOB_NAME,
-                job.slurm_state,
-                nodes=tuple(names),
-                restart_count=job.restart_count,
-                auto_resume=job.cap,
-                exit_code=1 if job.slurm_state == "FAILED" else None,
-                batch_host=cluster.nodes[job.batch_host].name,
-                partition=PARTITION,
-                start_time=_dt(job.start_time),
-                end_time=_dt(job.end_time),
-            )
-        )
-        if job.tracked is not None:
-            tracked[job.job_id] = job.tracked
-        if job.watched:
-            watched[job.job_id] = job.told_to_end
-    return Snapshot(
-        nodes=nodes,
-        jobs=jobs,
-        health=health,
-        open_faults=[f for f in open_faults if f is not None],
-        history=history,
-        done=done,
-        in_flight=[a for a in in_flight if a is not None],
-        tracked=tracked,
-        requeues_last_minute=len(cluster.requeue_times),
-        started_at=EPOCH - 86400.0,
-        replaced=frozenset(cluster.nodes[i].name for i in idx if cluster.nodes[i].replaced),
-        watched_jobs=watched,
+        boot_time=dt(n.boot_time),
     )

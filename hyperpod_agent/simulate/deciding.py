@@ -91,7 +91,7 @@ class Deciding:
         return any(
             c.nodes[i].role in (Role.JOB, Role.IDLE)
             and (c.nodes[i].fault_row is not None or c.nodes[i].dead)
-            for i in c.play
+            for i in c.timed  # the nodes in play that can be faulty or dead (Cluster.touch)
         )
 
     def step_failed(self) -> None:

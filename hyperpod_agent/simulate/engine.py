@@ -128,9 +128,9 @@ class Sim(Deciding):
 
     def sample(self) -> None:
         c = self.cluster
-        pool = [i for i in c.play if c.nodes[i].role is Role.SPARE]
+        pool = c.roles[Role.SPARE]
         ready = sum(1 for i in pool if not c.nodes[i].faulty)
-        out = sum(1 for i in c.play if c.nodes[i].role is Role.OUT)
+        out = len(c.roles[Role.OUT])
         row = (round((self.now - EPOCH) / 86400.0, 4), len(pool), ready, out)
         # a row when something changed, and one an hour at least
         if not self.timeline or self.timeline[-1][1:] != row[1:] or self.now >= self.next_sample:
@@ -225,7 +225,7 @@ class Sim(Deciding):
         c, job = self.cluster, self.job
         kept = job.nodes - c.left(job)
         need = self.s.job_nodes - len(kept)
-        idle = sorted(i for i in c.play if c.nodes[i].role is Role.IDLE) if need > 0 else []
+        idle = sorted(c.roles[Role.IDLE]) if need > 0 else []
         if len(idle) < need:
             return False
         for i in idle[:need]:

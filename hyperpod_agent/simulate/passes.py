@@ -18,8 +18,9 @@ from hyperpod_agent.controller.stepretry.plan import Outcome, StepFailure, decid
 from hyperpod_agent.controller.store.rows import FaultRow, TrackedJob
 from hyperpod_agent.reasons import Verb
 from hyperpod_agent.simulate.causes import FaultClass
-from hyperpod_agent.simulate.cluster import Cluster, JobState, Role, view
+from hyperpod_agent.simulate.cluster import Cluster, JobState, Role
 from hyperpod_agent.simulate.remedy import apply_node_action, bring_in, index_of, take_out
+from hyperpod_agent.simulate.view import view
 
 
 def open_fault(cluster: Cluster, i: int, cls: FaultClass, now: float) -> None:
@@ -109,7 +110,7 @@ def next_timer(
     wakes a pass for)."""
     cfg = cluster.config
     times: list[float] = []
-    for i in cluster.play:
+    for i in cluster.timed:  # the nodes in play these rules can read (Cluster.touch)
         n = cluster.nodes[i]
         if n.role in (Role.JOB, Role.IDLE) and n.fault_row is not None:
             times.append(n.fault_row.first_seen + cfg.policy.shared_cause_window_s)
@@ -140,7 +141,7 @@ def step_decision(
     node out under the plan's reason, held for repair; the spare into the job)."""
     cluster.trim(now)
     job.told_to_end = now
-    snap, config = view(cluster, job, now, dead_since)
+    snap, config = view(cluster, job, now, dead_since, step=True)
     job_view = snap.jobs[0]
     failure = StepFailure(
         job.job_id, "0", 1, job_view.nodes, job.retries_done + 1, started_at=job.start_time
