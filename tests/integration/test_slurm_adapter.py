@@ -116,8 +116,9 @@ def test_slurmctld_version_is_the_running_daemons(client: SlurmClient) -> None:
     """Read from slurmctld (``scontrol show config``); the local cluster runs Debian's
     22.05, the release job expansion was shown safe on."""
     version = client.slurmctld_version()
+    # The daemon's binary says its own version without reading any slurm.conf.
     command = subprocess.run(
-        ["scontrol", "--version"], capture_output=True, text=True, timeout=30, check=True
+        ["/usr/sbin/slurmctld", "-V"], capture_output=True, text=True, timeout=30, check=True
     ).stdout.split()[-1]
     assert version is not None and parse_version(version) is not None
     assert version == command  # one Slurm installed here: the daemon's is the command's
