@@ -49,6 +49,8 @@ from bench.chaos_evidence import (  # noqa: E402
     Injection,
     ProcessSample,
     Recovery,
+)
+from bench.chaos_parse import (  # noqa: E402
     ctld_actions,
     parse_ctld_log,
     parse_events,

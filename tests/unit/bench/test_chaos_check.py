@@ -15,17 +15,9 @@ from hypothesis import strategies as st
 from bench.chaos_check import (
     Evidence,
     Limits,
-    actions_logged,
-    admin_untouched,
-    auto_resume_outcomes,
-    blast_radius,
     check_campaign,
-    left_behind,
-    one_leader,
     percentile,
-    reconcile_liveness,
     summarize,
-    training_outputs,
 )
 from bench.chaos_evidence import (
     AdminAction,
@@ -41,6 +33,8 @@ from bench.chaos_evidence import (
     ReservationSweep,
     StatusSample,
     Violation,
+)
+from bench.chaos_parse import (
     ctld_actions,
     parse_ctld_log,
     parse_events,
@@ -50,6 +44,18 @@ from bench.chaos_evidence import (
     parse_reservations,
     parse_train_output,
     status_sample,
+)
+from bench.chaos_records_checks import (
+    actions_logged,
+    one_leader,
+    reconcile_liveness,
+)
+from bench.chaos_state_checks import (
+    admin_untouched,
+    auto_resume_outcomes,
+    blast_radius,
+    left_behind,
+    training_outputs,
 )
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "slurm"
