@@ -15,6 +15,7 @@ it up). Without torch (setup.sh installs it where it can) the toy job
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import subprocess
@@ -38,10 +39,9 @@ TOY_RUN = (30, 0.5, 5, 8)
 
 
 def _job(cluster: LocalCluster) -> tuple[str, str, dict[str, str], tuple[int, float, int, int]]:
-    """(what, script, env, run) of the demo's job: train_ddp when torch imports."""
-    try:
-        import torch  # noqa: F401 - the job's python3 is this one
-    except ImportError:
+    """(what, script, env, run) of the demo's job: train_ddp when torch is installed
+    (found, not imported: the job's python3 is this one, the demo needs none of it)."""
+    if importlib.util.find_spec("torch") is None:
         what = "a toy job (torch is not installed)"
         return what, "train_in_place.sbatch", {}, TOY_RUN
     scratch = cluster.dir / "ddp" / f"demo-{time.time_ns()}"

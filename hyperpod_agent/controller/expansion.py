@@ -3,7 +3,7 @@ step retry's merge of a spare (slurm/resize.py) crashes slurmctld 25.11 and 26.0
 (slurm/version.py), so it runs only where the drills showed it safe.
 
 The decision reads the version at most every RECHECK_S; the gate reads it again right
-before each shrink, allocation and merge, so an upgrade between two reads is met
+before each shrink and merge, so an upgrade between two reads is met
 there (the surgery then rolls back to the job-level requeue).
 """
 

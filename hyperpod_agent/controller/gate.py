@@ -222,7 +222,6 @@ class Gate:
         # granted after this controller lost its lease is a helper of ours the new
         # leader adopts or sweeps (stepretry/orphans.py); the merge itself is gated.
         self._admit("allocate", f"job {job_id}")
-        self._expandable("allocate", job_id, live=False)
         log.info("gate: allocate %s for job %d (waits up to %d s)", node, job_id, wait_s)
         return int(
             self._counted(
@@ -268,15 +267,15 @@ class Gate:
         name = str(kwargs.get("job_name", script))
         return int(self._call("submit", name, lambda: self.slurm.submit_batch(script, **kwargs)))
 
-    def _expandable(self, call: str, job_id: int, live: bool = True) -> None:
-        """A step retry's change of a (``live``) job, on a slurmctld its expansion is
-        safe on (read now: a shrink would leave the job short of the node it cannot get
-        back)."""
+    def _expandable(self, call: str, job_id: int) -> None:
+        """A step retry's shrink or merge of a live job, on a slurmctld its expansion is
+        safe on, read now: before the shrink (the job would be left short of a node it
+        cannot get back) and before the merge (the call that crashes). The helper
+        allocation between them changes no job; a refused merge's rollback frees it."""
         why = self.expansion.refusal(fresh=True)
         if why:
             self._refuse(call, f"job {job_id}", why)
-        if live:
-            self._live_job(call, job_id)
+        self._live_job(call, job_id)
 
     def _live_job(self, call: str, job_id: int) -> None:
         job = self.job(job_id)

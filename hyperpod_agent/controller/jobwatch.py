@@ -18,7 +18,7 @@ from hyperpod_agent.controller.resume_marker import (
     read_marker,
     stat_marker,
 )
-from hyperpod_agent.controller.snapshot import Snapshot
+from hyperpod_agent.controller.snapshot import Snapshot, speaks_for
 from hyperpod_agent.controller.stepmarks import StepMarks
 from hyperpod_agent.controller.store.facade import Store
 from hyperpod_agent.controller.store.rows import EventIn
@@ -127,16 +127,11 @@ class JobWatch:
 
 
 def trusted_progress(snap: Snapshot) -> list[JobProgress]:
-    """The progress records that speak for their job: from a node the job runs on,
-    checked by the agent against the job's user (as the hang judgement reads them)."""
+    """The progress records that speak for their job (as the hang judgement reads them)."""
     jobs = {j.job_id: j for j in snap.jobs}
-    out = []
-    for name, health in snap.health.items():
-        for jp in health.progress:
-            job = jobs.get(jp.job_id)
-            if job is None or name not in job.nodes:
-                continue
-            if job.uid is not None and jp.uid != job.uid:
-                continue
-            out.append(jp)
-    return out
+    return [
+        jp
+        for name, health in snap.health.items()
+        for jp in health.progress
+        if (job := jobs.get(jp.job_id)) is not None and speaks_for(job, name, jp)
+    ]

@@ -46,6 +46,15 @@ class NodeHealth:
     progress: Sequence[JobProgress] = ()  # the training ranks on the node, latest report
 
 
+def speaks_for(job: Job, node: str, progress: JobProgress) -> bool:
+    """A node's progress record counts for ``job``: reported from a node the job runs
+    on, and checked by the agent against the job's user (``progress.uid``) when Slurm
+    names one. Another user's files, or an old agent's unchecked ones, never do."""
+    if node not in job.nodes:
+        return False
+    return job.uid is None or progress.uid == job.uid
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """Everything one reconcile pass knows. Times are epoch seconds."""

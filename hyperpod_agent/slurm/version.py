@@ -19,8 +19,9 @@ import re
 # (major, minor) releases the drills ran the whole recipe on (tests/integration:
 # test_step_retry_drills.py, test_train_ddp_drill.py).
 EXPANSION_SHOWN_SAFE = frozenset({(22, 5)})
-# Where it crashes slurmctld (read in the source, seen in a core's backtrace).
-EXPANSION_CRASHES = ((25, 11), (26, 5))
+# From here on it crashes slurmctld (read in the source, seen in a core's backtrace on
+# 25.11.7 and 26.05.3).
+EXPANSION_CRASHES_FROM = (25, 11)
 
 _CONFIG_LINE = re.compile(r"^SLURM_VERSION\s*=\s*(\S+)\s*$", re.MULTILINE)
 _VERSION = re.compile(r"(\d{1,4})\.(\d{1,2})\.(\d{1,4})(?:[-.][0-9A-Za-z.-]*)?", re.ASCII)
@@ -51,7 +52,7 @@ def expansion_refusal(version: str | None) -> str:
     release = parsed[:2]
     if release in EXPANSION_SHOWN_SAFE:
         return ""
-    if release >= EXPANSION_CRASHES[0]:
+    if release >= EXPANSION_CRASHES_FROM:
         return (
             f"job expansion refused: it crashes slurmctld {version} (NULL license list "
             "in the expansion check)"

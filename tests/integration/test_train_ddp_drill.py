@@ -286,14 +286,13 @@ def test_two_nodes_of_a_ddp_job_faulted_within_a_second_are_one_recovery(
     done = drill.wait_job_end(cluster, job_id, timeout=400)
     text = out.read_text()
     assert done.state == "COMPLETED", text[-3000:]
-    kinds = [str(e["kind"]) for e in events_of(cluster, job_id)]
+    mine = events_of(cluster, job_id)
+    kinds = [str(e["kind"]) for e in mine]
     assert kinds.count("step_retry_planned") <= 1, kinds
     assert kinds.count("requeue") <= 1 and done.restart_count == kinds.count("requeue"), kinds
     if "requeue" in kinds:
         why = [
-            e
-            for e in events_of(cluster, job_id)
-            if e["kind"] in ("step_retry_requeue", "step_retry_failed", "requeue")
+            e for e in mine if e["kind"] in ("step_retry_requeue", "step_retry_failed", "requeue")
         ]
         assert why and all(e.get("cause") for e in why), why
     assert sorted(losses(out_dir)) == list(range(1, STEPS + 1))  # each step, one way

@@ -55,7 +55,7 @@ from typing import NamedTuple
 
 from hyperpod_agent.controller.config import ProgressConfig
 from hyperpod_agent.controller.hangs.memory import HangMemory, median
-from hyperpod_agent.controller.snapshot import NodeHealth, Snapshot, retrying_in_place
+from hyperpod_agent.controller.snapshot import NodeHealth, Snapshot, retrying_in_place, speaks_for
 from hyperpod_agent.health import Action, JobProgress, RankProgress
 from hyperpod_agent.slurm.models import Job
 
@@ -190,12 +190,9 @@ def _ranks(
     out: list[_Rank] = []
     idle = math.inf
     known: dict[str, float] = {}  # node -> until when its progress is known current
-    nodes = set(job.nodes)
     for name, health, jp in reported.get(job.job_id, ()):
-        if name not in nodes:
-            continue  # progress from a node the job does not run on
-        if job.uid is not None and jp.uid != job.uid:
-            continue  # not checked against the job's user, or another user's files
+        if not speaks_for(job, name, jp):
+            continue  # another node's, another user's or unchecked records
         latest = 0.0
         for rank in jp.ranks:
             activity = max(rank.step_at or 0.0, rank.pause_since or 0.0)
