@@ -26,6 +26,7 @@ if [ "$#" -gt 0 ]; then
 	exit $?
 fi
 
+# Each lane ends with its 20 slowest tests: the CI budget is kept with these figures.
 # The layering contracts in pyproject.toml (docs/architecture.md): a new forbidden
 # import fails the suite before any test runs.
 echo "== layering (lint-imports)"
@@ -33,10 +34,10 @@ echo "== layering (lint-imports)"
 
 lane_log=$(mktemp /tmp/hyperpod-tests-services.XXXXXX)
 trap 'rm -f "$lane_log"' EXIT
-.venv/bin/pytest -q -p no:cacheprovider -m services >"$lane_log" 2>&1 &
+.venv/bin/pytest -q -p no:cacheprovider --durations=20 -m services >"$lane_log" 2>&1 &
 lane_pid=$!
 echo "== lane 1: unit tests and the other integration tests"
-.venv/bin/pytest -q -p no:cacheprovider -m "not services"
+.venv/bin/pytest -q -p no:cacheprovider --durations=20 -m "not services"
 pytest_rc $?
 rc_main=$?
 wait "$lane_pid"

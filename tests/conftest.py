@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slurm" in item.keywords or "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A drill that fails on a cluster reports what the cluster looked like then: CI
+    keeps nothing else (the cluster directory goes with the machine)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.when != "call" or not report.failed:
+        return
+    args = getattr(item, "funcargs", {})
+    for name in ("service_cluster", "local_cluster"):
+        if name in args:
+            report.sections.append((f"{name} when the test failed", cluster_story(args[name])))
+
+
+def cluster_story(cluster: object) -> str:
+    """Slurm's view (sinfo, squeue) and the controller's log tail; never raises."""
+    parts: list[str] = []
+    env = {**os.environ, **getattr(cluster, "env", {})}
+    for cmd in (["sinfo", "-N", "-h", "-o", "%N %T %E"], ["squeue", "-h", "-o", "%i %T %R %N"]):
+        try:
+            res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=10)
+            parts.append(f"$ {' '.join(cmd)}\n{res.stdout}{res.stderr}")
+        except (OSError, subprocess.SubprocessError) as exc:
+            parts.append(f"$ {' '.join(cmd)}: {exc}")
+    log = Path(getattr(cluster, "dir", "/nonexistent")) / "log" / "controller.log"
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-80:]
+        parts.append(f"{log} (last {len(tail)} lines)\n" + "\n".join(tail))
+    except OSError as exc:
+        parts.append(f"{log}: {exc}")
+    return "\n".join(parts)
 
 
 @pytest.fixture(scope="session")
