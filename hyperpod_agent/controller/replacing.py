@@ -60,7 +60,10 @@ class Replacements:
             self.log.failed_attempt(row, str(exc), now)
             return
         self.crash_hook(f"applied:{row.kind}")
-        message = f"replace {row.node} via {self.provider.name}: {row.cause}"
+        # The node that went into service is named too: its change is an action of ours.
+        spare = handle.get("spare") if isinstance(handle, Mapping) else None
+        into = f" (spare {spare} into service)" if spare else ""
+        message = f"replace {row.node} via {self.provider.name}{into}: {row.cause}"
         self.log.update(
             row.id,
             "applied",

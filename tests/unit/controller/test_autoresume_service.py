@@ -54,7 +54,8 @@ def test_urgent_fault_under_auto_resume_job_replaces_and_requeues_in_one_pass(
     assert slurm.calls == [("drain", "node2", reason), ("resume", "node5"), ("requeue", 12)]
     events = {e.kind: e.message for e in ctl.store.events()}
     assert events["replace_started"] == (
-        "replace node2 via spare_pool: urgent gpu0 xid79 under auto-resume job 12: "
+        "replace node2 via spare_pool (spare node5 into service): urgent gpu0 xid79 under "
+        "auto-resume job 12: "
         "replace with a spare"
     )
     assert events["requeue"] == "requeue job 12: urgent fault on node2 (attempt 1/3)"
