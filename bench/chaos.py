@@ -136,11 +136,19 @@ class Campaign:
                 self.status.append(status)
 
     def _status(self, t: float) -> StatusSample | None:
-        text = run(self.cluster, *HYPERPOD, "status", "--json")
-        try:
-            return status_sample(t, json.loads(text))
-        except (ValueError, KeyError, TypeError):
-            return None  # no controller answered this time: the checker sees the gap
+        """The leader's own answer: each controller is asked in turn, a standby's
+        answer (its own last pass) skipped. None: no leader answered this time, the
+        checker sees the gap."""
+        c = self.cluster
+        for name in c.services.controllers:
+            text = run(c, *HYPERPOD, "status", "--json", "--url", c.services.url_of(name))
+            try:
+                sample = status_sample(t, json.loads(text))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if sample is not None:
+                return sample
+        return None
 
     # -- workload ----------------------------------------------------------------------
     def keep_busy(self) -> None:

@@ -227,9 +227,14 @@ def parse_events(text: str) -> list[Event]:
     return sorted(events, key=lambda e: e.id)
 
 
-def status_sample(t: float, doc: Mapping[str, object]) -> StatusSample:
-    """One answer of ``hyperpod status --json`` (``leader``, ``last_pass_at``) at ``t``."""
+def status_sample(t: float, doc: Mapping[str, object]) -> StatusSample | None:
+    """One answer of ``hyperpod status --json`` (``leader``, ``last_pass_at``) at ``t``.
+    None when a standby answered: its ``last_pass_at`` is its own (never, while it
+    waits), which says nothing of the leader's passes."""
     leader = doc.get("leader")
+    answered = doc.get("this_controller")
+    if answered is not None and leader is not None and str(answered) != str(leader):
+        return None
     try:
         return StatusSample(
             t, None if leader is None else str(leader), _epoch(doc.get("last_pass_at"))

@@ -206,7 +206,13 @@ def test_events_and_status_parse() -> None:
         parse_events('[{"id": 1}]')
     s = status_sample(10.0, {"leader": "ctl-a", "last_pass_at": "2026-11-28T09:41:27Z"})
     assert s == StatusSample(10.0, "ctl-a", 1795858887.0)
-    assert status_sample(11.0, {"leader": None, "last_pass_at": None}).last_pass_at is None
+    none = status_sample(11.0, {"leader": None, "last_pass_at": None})
+    assert none is not None and none.last_pass_at is None
+    # a standby's own last pass (never) is not the leader's: such an answer is no sample
+    standby = {"leader": "ctl-a", "this_controller": "ctl-b", "last_pass_at": None}
+    assert status_sample(12.0, standby) is None
+    mine = {"leader": "ctl-a", "this_controller": "ctl-a", "last_pass_at": None}
+    assert status_sample(13.0, mine) == StatusSample(13.0, "ctl-a", None)
 
 
 def test_event_names_a_node_or_job_as_a_whole_word() -> None:
