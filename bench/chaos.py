@@ -30,6 +30,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,10 +51,10 @@ from bench.chaos_evidence import (  # noqa: E402
     JobSample,
     NodeSample,
     ProcessSample,
-    Recovery,
     ReservationSweep,
     StatusSample,
 )
+from bench.chaos_measure import recoveries, workload_goodput  # noqa: E402
 from bench.chaos_parse import (  # noqa: E402
     ctld_actions,
     parse_ctld_log,
@@ -177,7 +178,7 @@ class Campaign:
         self.auto_resume.add(job_id)
 
     # -- faults ------------------------------------------------------------------------
-    def inject(self, kind: str, heal: list[tuple[float, Callable[[], None]]]) -> None:
+    def inject(self, kind: str, heal: Heal) -> None:
         c = self.cluster
         now = time.time()
         in_service = [n for n in c.nodes if n not in self._admin_held()]
@@ -225,23 +226,57 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _start_controller(cluster: LocalCluster, name: str) -> None:
+def _start_controller(cluster: LocalCluster, name: str) -> bool:
     cluster.services.start_controller(name=name)
+    return True
 
 
-def _start_agent(cluster: LocalCluster, node: str) -> None:
+def _start_agent(cluster: LocalCluster, node: str) -> bool:
     cluster.services.start_agent(node)
+    return True
 
 
-def _reboot(cluster: LocalCluster, node: str) -> None:
+def _reboot(cluster: LocalCluster, node: str) -> bool:
+    """The machine comes back. False while a reboot the controller started holds the
+    node: the driver tries again shortly, until the node's slurmd runs."""
     try:
         cluster.node_reboot(node)
     except Exception as exc:  # noqa: BLE001 - a reboot the controller started meanwhile
         print(f"  heal {node}: {exc}", flush=True)
+    return cluster.slurmd_pid(node) is not None
+
+
+Heal = list[tuple[float, Callable[[], bool]]]
+HEAL_AGAIN_S = 5.0
+
+
+def heal_due(heal: Heal, now: float) -> None:
+    """Run the heals that are due; one not done yet is tried again HEAL_AGAIN_S later."""
+    for due, fn in [h for h in heal if h[0] <= now]:
+        heal.remove((due, fn))
+        if not fn():
+            heal.append((now + HEAL_AGAIN_S, fn))
+
+
+def clear_dir(path: Path) -> None:
+    """Each campaign starts from nothing: a cluster left in ``path`` is stopped and the
+    directory removed (job ids and checkpoint directories start again at 1). A
+    directory that is not a local cluster's is refused, never removed."""
+    if not path.exists():
+        return
+    if not (path / "cluster.json").exists() and any(path.iterdir()):
+        raise SystemExit(f"chaos: {path} is not a local cluster directory; choose another --dir")
+    if (path / "cluster.json").exists():
+        try:
+            LocalCluster.load(path).down()
+        except Exception as exc:  # noqa: BLE001 - a broken leftover is removed all the same
+            print(f"  clearing {path}: {exc}", flush=True)
+    shutil.rmtree(path)
 
 
 def campaign(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
+    clear_dir(args.dir)
     cluster = LocalCluster(args.dir, nodes=4, spares=2, port_base=args.port_base, ha=True)
     cluster.up(timeout=120, services=True)
     try:
@@ -279,7 +314,7 @@ def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespac
         c.admin.append(AdminAction("drain", held, time.time(), None, "admin: firmware update"))
         kinds = args.faults.split(",")
         end = c.t0 + args.minutes * 60
-        heal: list[tuple[float, Callable[[], None]]] = []
+        heal: Heal = []
         next_fault = time.time() + rng.expovariate(args.rate / 60)
         admin_back = c.t0 + args.minutes * 30
         while time.time() < end:
@@ -290,9 +325,7 @@ def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespac
                 c.admin[0] = AdminAction(
                     "drain", held, c.admin[0].start, time.time(), c.admin[0].reason
                 )
-            for due, fn in [h for h in heal if h[0] <= now]:
-                heal.remove((due, fn))
-                fn()
+            heal_due(heal, now)
             if now >= next_fault:
                 kind = rng.choice(kinds)
                 print(f"  +{now - c.t0:6.1f} s {kind}", flush=True)
@@ -303,10 +336,10 @@ def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespac
                 next_fault = now + rng.expovariate(args.rate / 60)
             time.sleep(0.5)
         settle = time.time() + SETTLE_S
-        while time.time() < settle and (heal or _live_jobs(cluster)):
-            for due, fn in [h for h in heal if h[0] <= time.time()]:
-                heal.remove((due, fn))
-                fn()
+        # Settled: every fault healed, every slurmd back, no job left (COMPLETING ones
+        # included: squeue lists them).
+        while time.time() < settle and (heal or _live_jobs(cluster) or _down(cluster)):
+            heal_due(heal, time.time())
             time.sleep(1.0)
     finally:
         stop.set()
@@ -318,6 +351,10 @@ def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespac
 
 def _live_jobs(cluster: LocalCluster) -> bool:
     return bool(run(cluster, "squeue", "-h", "-o", "%i").strip())
+
+
+def _down(cluster: LocalCluster) -> list[str]:
+    return [n for n in [*cluster.nodes, *cluster.spares] if cluster.slurmd_pid(n) is None]
 
 
 def read_events(cluster: LocalCluster, since: float) -> list[Event]:
@@ -364,10 +401,14 @@ def judge(c: Campaign, args: argparse.Namespace) -> tuple[str, int]:
     )
     limits = Limits(max_out=max_out, reconcile_interval_s=config.reconcile_interval_s, ckpt_every=5)
     violations = check_campaign(evidence, limits)
-    # Recoveries (fault -> running again) are not collected yet: the table stays empty.
-    recoveries: list[Recovery] = []
     report = summarize(
-        c.injections, recoveries, violations, seed=args.seed, minutes=args.minutes, rate=args.rate
+        c.injections,
+        recoveries(c.injections, c.jobs, outputs),
+        violations,
+        seed=args.seed,
+        minutes=args.minutes,
+        rate=args.rate,
+        goodput=workload_goodput(outputs),
     )
     return report, len(violations)
 

@@ -31,6 +31,7 @@ from bench.chaos_evidence import (
     TrainOutput,
     Violation,
 )
+from bench.chaos_measure import Goodput
 from bench.chaos_records_checks import actions_logged, one_leader, reconcile_liveness
 from bench.chaos_state_checks import (
     REASON_KINDS,
@@ -116,6 +117,7 @@ def summarize(
     minutes: float,
     rate: float,
     command: str = ".venv/bin/python bench/chaos.py",
+    goodput: Goodput | None = None,
 ) -> str:
     """The campaign's report: faults by kind, recoveries by kind (fault -> running again
     p50/p95/max, and how many never ran again), the violations with their evidence, and
@@ -133,6 +135,10 @@ def summarize(
         took = [r.running_at - r.fault_at for r in rs if r.running_at is not None]
         cols = [f"{percentile(took, p):8.1f}" if took else f"{'-':>8}" for p in (50, 95, 100)]
         lines.append(f"  {kind:<24} {len(rs):>5} {len(rs) - len(took):>5} {' '.join(cols)}")
+    if goodput is not None:
+        lines += ["", f"workload effective training time: {goodput.ettr:.3f} "
+                  f"({goodput.productive_s:.0f} s of steps in {goodput.wall_s:.0f} s of "
+                  f"{goodput.jobs} training jobs' wall time)"]  # fmt: skip
     lines += ["", f"violations: {len(violations)}"]
     lines += [f"  [{v.invariant}] {ts(v.when)}: {v.evidence}" for v in violations]
     lines += ["", f"replay: {command} --seed {seed} --minutes {minutes:g} --rate {rate:g}"]
