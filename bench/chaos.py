@@ -13,12 +13,11 @@ event log is checked against Slurm, never trusted.
 
     .venv/bin/python bench/chaos.py --minutes 10 --seed 1
 
-Faults (``--faults`` picks a subset):
-  xid79        XID 79 on a GPU of a node in service (the controller takes it out)
-  slurmd_kill  a node's slurmd SIGKILLed; the node reboots 30 s later
-  node_crash   everything on a node SIGKILLed; the machine comes back 30 s later
-  agent_kill   a node's agent SIGKILLed; started again 5 s later
-  leader_kill  the leading controller SIGKILLed; started again 10 s later
+Faults (``--faults`` picks a subset; bench/chaos_faults.py lists them with their heals):
+XIDs of four classes, NIC link down, scratch disk read-only or full, slurmd kill, node
+crash, agent kill, munged kill, leader kill, leader SIGSTOP for 2 x its lease,
+PostgreSQL restart, slurmctld restart, a training job's ranks frozen on one node (a
+hang), XID 79 on two nodes of one job within a second.
 
 Exit status 1 when the checker found a violation; the last line replays the campaign.
 """
@@ -31,12 +30,10 @@ import math
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +50,9 @@ from bench.chaos_evidence import (  # noqa: E402
     ProcessSample,
     ReservationSweep,
     StatusSample,
+    TrainOutput,
 )
+from bench.chaos_faults import FAULTS, Heal, Injector  # noqa: E402
 from bench.chaos_measure import recoveries, workload_goodput  # noqa: E402
 from bench.chaos_parse import (  # noqa: E402
     ctld_actions,
@@ -65,14 +64,14 @@ from bench.chaos_parse import (  # noqa: E402
     parse_train_output,
     status_sample,
 )
+from bench.chaos_predict import measured_ettr, predict  # noqa: E402
 from hyperpod_agent.controller.config import load_config  # noqa: E402
 from hyperpod_agent.localcluster import drill, ha  # noqa: E402
 from hyperpod_agent.localcluster.cluster import LocalCluster  # noqa: E402
+from hyperpod_agent.simulate.result import Strategy  # noqa: E402
 
 BASE = Path("/var/tmp/hyperpod-bench-chaos")
 PORT_BASE = 19617
-FAULTS = ("xid79", "slurmd_kill", "node_crash", "agent_kill", "leader_kill")
-HEAL_S = {"slurmd_kill": 30.0, "node_crash": 30.0, "agent_kill": 5.0, "leader_kill": 10.0}
 SAMPLE_S = 2.0
 MAX_JOBS = 120  # the workload's bound, whatever the minutes
 RUNNING_JOBS = 3  # submitted while fewer are pending or running
@@ -111,6 +110,7 @@ class Campaign:
     outputs: dict[int, Path] = field(default_factory=dict)
     auto_resume: set[int] = field(default_factory=set)
     submitted: int = 0
+    one_job_steps: int = 0  # --workload one-job: its steps (0: the mixed workload)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- evidence ----------------------------------------------------------------------
@@ -154,7 +154,10 @@ class Campaign:
     # -- workload ----------------------------------------------------------------------
     def keep_busy(self) -> None:
         """Submit a job while fewer than RUNNING_JOBS of ours are pending or running."""
-        if self.submitted >= MAX_JOBS:
+        if self.submitted >= MAX_JOBS or (self.one_job_steps and self.submitted):
+            return
+        if self.one_job_steps:
+            self._the_one_job()
             return
         text = run(self.cluster, "squeue", "-h", "-o", "%i %T")
         live = [line for line in text.splitlines() if line.split()[-1:] != ["COMPLETING"]]
@@ -177,42 +180,36 @@ class Campaign:
         self.outputs[job_id] = out
         self.auto_resume.add(job_id)
 
+    def _the_one_job(self) -> None:
+        """One step-retry job on every node in service, as long as the campaign: the
+        workload the simulator models, for the goodput beside its prediction."""
+        self.submitted += 1
+        job_id, out = drill.submit_training(
+            self.cluster,
+            steps=self.one_job_steps,
+            step_time=0.3,
+            ckpt_every=5,
+            auto_resume=None,
+            script="train_in_place.sbatch",
+            extra=("--nodes", str(len(self.cluster.nodes))),
+        )
+        self.outputs[job_id] = out
+        self.auto_resume.add(job_id)
+
     # -- faults ------------------------------------------------------------------------
-    def inject(self, kind: str, heal: Heal) -> None:
-        c = self.cluster
-        now = time.time()
-        in_service = [n for n in c.nodes if n not in self._admin_held()]
-        if kind == "leader_kill":
-            leaders = [
-                n for n in c.services.controllers if ha.leader_gauge(c.services.url_of(n)) == 1.0
+    def inject(self, injector: Injector, kind: str, heal: Heal) -> None:
+        in_service = [n for n in self.cluster.nodes if n not in self._admin_held()]
+        self.injections += injector.inject(kind, in_service, self._training(), heal)
+
+    def _training(self) -> list[tuple[int, tuple[str, ...]]]:
+        """Our training jobs RUNNING in the newest sweep, with their nodes."""
+        with self.lock:
+            last = max((j.t for j in self.jobs), default=None)
+            return [
+                (j.job_id, j.nodes)
+                for j in self.jobs
+                if j.t == last and j.state == "RUNNING" and j.job_id in self.outputs
             ]
-            if not leaders:
-                return
-            name = leaders[0]
-            pid = c.services.pid(name)
-            if pid is None:
-                return
-            os.kill(pid, signal.SIGKILL)
-            self.injections.append(Injection(now, kind, name, now + HEAL_S[kind]))
-            heal.append((now + HEAL_S[kind], lambda: _start_controller(c, name)))
-            return
-        node = self.rng.choice(sorted(in_service))
-        if kind == "xid79":
-            drill.inject_xid(c, node)
-            self.injections.append(Injection(now, kind, node))
-            return
-        if kind == "agent_kill":
-            pid = c.services.pid(f"agent-{node}")
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-            heal.append((now + HEAL_S[kind], lambda: _start_agent(c, node)))
-        elif kind == "slurmd_kill":
-            c.node_kill(node)
-            heal.append((now + HEAL_S[kind], lambda: _reboot(c, node)))
-        elif kind == "node_crash":
-            c.node_crash(node)
-            heal.append((now + HEAL_S[kind], lambda: _reboot(c, node)))
-        self.injections.append(Injection(now, kind, node, now + HEAL_S[kind]))
 
     def _admin_held(self) -> set[str]:
         return {a.node for a in self.admin if a.end is None}
@@ -226,27 +223,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _start_controller(cluster: LocalCluster, name: str) -> bool:
-    cluster.services.start_controller(name=name)
-    return True
-
-
-def _start_agent(cluster: LocalCluster, node: str) -> bool:
-    cluster.services.start_agent(node)
-    return True
-
-
-def _reboot(cluster: LocalCluster, node: str) -> bool:
-    """The machine comes back. False while a reboot the controller started holds the
-    node: the driver tries again shortly, until the node's slurmd runs."""
-    try:
-        cluster.node_reboot(node)
-    except Exception as exc:  # noqa: BLE001 - a reboot the controller started meanwhile
-        print(f"  heal {node}: {exc}", flush=True)
-    return cluster.slurmd_pid(node) is not None
-
-
-Heal = list[tuple[float, Callable[[], bool]]]
 HEAL_AGAIN_S = 5.0
 
 
@@ -288,6 +264,8 @@ def campaign(args: argparse.Namespace) -> int:
 
 def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespace) -> int:
     c = Campaign(cluster, rng)
+    if args.workload == "one-job":  # its steps last the campaign at 0.3 s each
+        c.one_job_steps = int(args.minutes * 60 / 0.3)
     stop = threading.Event()
 
     def sampler() -> None:
@@ -301,18 +279,17 @@ def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespac
     thread = threading.Thread(target=sampler, daemon=True)
     thread.start()
     try:
-        # The admin's own drain of a node, for the first half of the run.
+        # The admin's own drain of a node, for the first half of the run (not under the
+        # one job, which needs every node).
         held = rng.choice(sorted(cluster.nodes))
-        run(
-            cluster,
-            "scontrol",
-            "update",
-            f"nodename={held}",
-            "state=drain",
-            "reason=admin: firmware update",
-        )
-        c.admin.append(AdminAction("drain", held, time.time(), None, "admin: firmware update"))
+        if not c.one_job_steps:
+            admin = "reason=admin: firmware update"
+            run(cluster, "scontrol", "update", f"nodename={held}", "state=drain", admin)
+            c.admin.append(AdminAction("drain", held, time.time(), None, admin[7:]))
         kinds = args.faults.split(",")
+        first = cluster.services.controllers[0]
+        lease = load_config(cluster.services.controller_config_path(first)).ha.lease_ttl_s
+        injector = Injector(cluster, rng, lease)
         end = c.t0 + args.minutes * 60
         heal: Heal = []
         next_fault = time.time() + rng.expovariate(args.rate / 60)
@@ -320,7 +297,7 @@ def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespac
         while time.time() < end:
             c.keep_busy()
             now = time.time()
-            if c.admin[0].end is None and now >= admin_back:
+            if c.admin and c.admin[0].end is None and now >= admin_back:
                 run(cluster, "scontrol", "update", f"nodename={held}", "state=resume")
                 c.admin[0] = AdminAction(
                     "drain", held, c.admin[0].start, time.time(), c.admin[0].reason
@@ -330,7 +307,7 @@ def _campaign(cluster: LocalCluster, rng: random.Random, args: argparse.Namespac
                 kind = rng.choice(kinds)
                 print(f"  +{now - c.t0:6.1f} s {kind}", flush=True)
                 try:
-                    c.inject(kind, heal)
+                    c.inject(injector, kind, heal)
                 except Exception as exc:  # noqa: BLE001 - a fault that could not land
                     print(f"    not injected: {exc}", flush=True)
                 next_fault = now + rng.expovariate(args.rate / 60)
@@ -409,8 +386,30 @@ def judge(c: Campaign, args: argparse.Namespace) -> tuple[str, int]:
         minutes=args.minutes,
         rate=args.rate,
         goodput=workload_goodput(outputs),
+        command=".venv/bin/python bench/chaos.py"
+        + (" --workload one-job" if c.one_job_steps else ""),
     )
+    if c.one_job_steps:
+        report += "\n" + beside_prediction(c, outputs)
     return report, len(violations)
+
+
+def beside_prediction(c: Campaign, outputs: dict[int, TrainOutput]) -> str:
+    """The one job's measured goodput beside the simulator's, for its faults."""
+    lines = ["", "the one job's goodput, measured and as the simulator predicts it:"]
+    for job_id, out in outputs.items():
+        measured = measured_ettr(out)
+        size, spares = len(c.cluster.nodes), len(c.cluster.spares)
+        for strategy in (Strategy.STEP_RETRY, Strategy.REQUEUE):
+            got = predict(c.injections, c.jobs, job_id, out, size, spares, 5, strategy)
+            if got is None or measured is None:
+                lines.append(f"  job {job_id}: too few steps to tell")
+                break
+            lines.append(
+                f"  job {job_id} {strategy.value:<11} predicted ETTR {got.ettr:.3f} "
+                f"({got.faults} node faults simulated); measured {measured:.3f}"
+            )
+    return "\n".join(lines)
 
 
 def main() -> int:
@@ -422,6 +421,13 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=BASE)
     ap.add_argument("--port-base", type=int, default=PORT_BASE)
     ap.add_argument("--keep", action="store_true", help="leave the cluster running")
+    ap.add_argument(
+        "--workload",
+        choices=("mixed", "one-job"),
+        default="mixed",
+        help="mixed: training, requeue and plain jobs beside an admin's drain; one-job: "
+        "one step-retry job on every node, its goodput beside the simulator's prediction",
+    )
     args = ap.parse_args()
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(2**31)
