@@ -127,7 +127,10 @@ def down(dir_: Path) -> None:
     except LocalClusterError:
         click.echo(f"no local cluster in {dir_}: nothing to stop", err=True)
         return
-    cluster.down()
+    left = cluster.down()
+    if left:
+        lines = "\n".join(f"  {line}" for line in left)
+        raise click.ClickException(f"local cluster in {cluster.dir} stopped, but left:\n{lines}")
     click.echo(f"local cluster in {cluster.dir} stopped", err=True)
 
 

@@ -8,6 +8,7 @@ port per node. Everything lives under one directory; the machine's /etc/slurm an
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
@@ -16,9 +17,17 @@ import shutil
 import signal
 import time
 from pathlib import Path
+from typing import IO
 
 from hyperpod_agent.errors import LocalClusterError
-from hyperpod_agent.localcluster import daemons, files, namespaces, procs, provisioned
+from hyperpod_agent.localcluster import (
+    daemons,
+    files,
+    leftovers,
+    namespaces,
+    procs,
+    provisioned,
+)
 from hyperpod_agent.localcluster.services import Services
 from hyperpod_agent.localcluster.shape import Shape
 
@@ -27,6 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DIR = Path("/var/tmp/hyperpod-local")
 DEFAULT_PORT_BASE = 16817
 SBIN = daemons.SBIN
+GOING_DOWN = "going-down"  # in run/: written by down, removed by up
 
 
 class LocalCluster:
@@ -122,6 +132,7 @@ class LocalCluster:
     def up(self, timeout: float = 60.0, services: bool = False) -> bool:
         """Start the cluster (and, with ``services``, a controller and an agent per
         node); False if the same cluster already runs here."""
+        self._run(GOING_DOWN).unlink(missing_ok=True)  # an earlier down is over
         if self.running():
             current = LocalCluster.load(self.dir).shape
             if current != self.shape:
@@ -180,16 +191,16 @@ class LocalCluster:
         reboot under way to finish first (a start in its middle would spoil it)."""
         self._check_node(name)
         with open(self._run(f"reboot-{name}.lock"), "w") as lock:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise LocalClusterError(f"{name}: a reboot did not finish") from None
-                    time.sleep(0.1)
+            if not _lock_within(lock, time.monotonic() + 30):
+                raise LocalClusterError(f"{name}: a reboot did not finish")
+            self._refuse_if_going_down(name)
             return self._start_slurmd(name, fresh_boot=False)
+
+    def _refuse_if_going_down(self, name: str) -> None:
+        """Under the node's reboot lock: a cluster being stopped starts no slurmd (a
+        reboot slurmctld asked for just before ``down`` would outlive it)."""
+        if self._run(GOING_DOWN).exists():
+            raise LocalClusterError(f"{name}: not started, the cluster is being stopped")
 
     def _start_slurmd(self, name: str, fresh_boot: bool) -> int:
         """Start ``name``'s slurmd in a new UTS namespace (and, for a fake reboot,
@@ -270,6 +281,7 @@ class LocalCluster:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise LocalClusterError(f"{name}: a reboot is already under way") from None
+            self._refuse_if_going_down(name)
             pid = self.slurmd_pid(name)
             if pid is not None:
                 procs.stop([pid])
@@ -360,8 +372,37 @@ class LocalCluster:
         for pidfile in run.glob("*.pid") if run.exists() else []:
             pidfile.unlink(missing_ok=True)
 
-    def down(self) -> None:
-        """Cancel jobs, then stop every process of the cluster."""
+    def down(self) -> list[str]:
+        """Cancel jobs, then stop every process of the cluster; what is still there
+        afterwards (a process naming the directory, a mount, a network namespace),
+        one line each: nothing, when all went well."""
+        run = self.dir / "run"
+        if run.is_dir():
+            self._run(GOING_DOWN).touch()
+        with contextlib.ExitStack() as held:
+            self._hold_reboots(held)
+            self._stop_all()
+        # A process on its way out (the reboot command that just let go) may still
+        # name the directory for a moment: only what stays counts.
+        prefix = f"hp{self.shape.port_base}-"
+        deadline = time.monotonic() + 5.0
+        while (left := leftovers.leftovers(self.dir, prefix)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        return left
+
+    def _hold_reboots(
+        self, stack: contextlib.ExitStack[bool | None], timeout: float = 30.0
+    ) -> None:
+        """Wait (bounded) for the fake reboots under way and keep new ones out while
+        the daemons stop: a reboot that began before ``down`` finishes first, so the
+        slurmd it starts is among those stopped."""
+        deadline = time.monotonic() + timeout
+        for name in self.shape.all_names if (self.dir / "run").is_dir() else []:
+            lock = stack.enter_context(open(self._run(f"reboot-{name}.lock"), "w"))
+            if not _lock_within(lock, deadline):
+                log.warning("%s: a reboot still holds the node; stopping anyway", name)
+
+    def _stop_all(self) -> None:
         if self.running():
             from hyperpod_agent.errors import SlurmError
             from hyperpod_agent.slurm.client import SlurmClient
@@ -380,3 +421,15 @@ class LocalCluster:
         # The nodes' memory tiers are RAM (/dev/shm): give it back.
         shutil.rmtree(self.shape.memory_root, ignore_errors=True)
         shutil.rmtree(self.shape.progress_root, ignore_errors=True)
+
+
+def _lock_within(lock: IO[str], deadline: float) -> bool:
+    """Take ``lock`` (flock, exclusive) before ``deadline`` (monotonic); False if not."""
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)

@@ -31,11 +31,11 @@ HEALTHY_S = float(os.environ.get("HYPERPOD_HANG_HEALTHY_S", "600"))
 AGENT_CYCLE_S = AgentConfig.model_fields["cycle_s"].default or 5.0
 BOUND_S = 2 * STEP_S * 1.1 + 10 + AGENT_CYCLE_S
 # The healthy job's course, the cluster's start and the job's end, bounded. Its own
-# cluster, but the lane beside the service drills (scripts/test.sh): the two lanes then
-# take about as long as each other.
+# cluster and a lane of its own (scripts/test.sh): mostly waiting, it runs beside the
+# others.
 pytestmark = [
     pytest.mark.slurm,
-    pytest.mark.services,
+    pytest.mark.soak,
     pytest.mark.timeout(int(HEALTHY_S) + 600),
 ]
 

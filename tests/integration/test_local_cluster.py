@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hyperpod_agent.localcluster import drill, procs
+from hyperpod_agent.localcluster import drill, leftovers, procs
 from hyperpod_agent.localcluster.cluster import LocalCluster
 
 pytestmark = pytest.mark.slurm
@@ -111,10 +111,34 @@ def test_down_leaves_no_process_behind(tmp_path: Path) -> None:
         job_pids = cluster.namespace_pids()
         assert len(job_pids) > 3
     finally:
-        cluster.down()
+        left = cluster.down()
     for pid in pids + job_pids:
         assert not procs.alive(pid), f"pid {pid} still alive after down"
-    assert _leftovers(cluster) == []
+    assert _leftovers(cluster) == [] and left == []
+
+
+def test_down_racing_a_reboot_leaves_nothing_behind(tmp_path: Path) -> None:
+    """slurmctld's RebootProgram runs the fake reboot in the background: a ``down``
+    that lands while it runs waits for it, stops the slurmd it started, and leaves no
+    process, mount or namespace; a reboot asked for after ``down`` starts nothing."""
+    cluster = LocalCluster(tmp_path / "c", nodes=1, spares=0, port_base=21017)
+    argv = [*HYPERPOD, "local-cluster", "node-reboot", "--dir", str(cluster.dir), "node1"]
+    reboot = None
+    try:
+        cluster.up(timeout=60)
+        old = cluster.slurmd_pid("node1")
+        reboot = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        # between stopping the old slurmd and starting the new one (a 2 s pause)
+        drill.wait_for("the reboot to stop slurmd", 20, lambda: cluster.slurmd_pid("node1") is None)
+    finally:
+        left = cluster.down()
+    assert reboot is not None
+    _, err = reboot.communicate(timeout=60)
+    assert "rebooted" in err and old is not None and not procs.alive(old), err
+    assert left == []
+    res = run([*argv])
+    assert res.returncode != 0 and "being stopped" in res.stderr, res.stderr
+    assert leftovers.leftovers(cluster.dir, "hp21017-") == []
 
 
 def test_up_after_a_crash_handles_stale_pid_files(tmp_path: Path) -> None:

@@ -133,7 +133,9 @@ def test_xid79_retries_the_step_in_the_same_job_on_a_spare(
     assert "step_end" in kinds and "step_retry_planned" in kinds
     assert "requeue" not in kinds
     if victim == batch_host:
-        said = [e["message"] for e in events(cluster, job_id) if e["kind"] == "step_retry_shrink"]
+        said = [
+            str(e["message"]) for e in events(cluster, job_id) if e["kind"] == "step_retry_shrink"
+        ]
         assert said and f"{victim} kept as the batch host only" in said[0], said
 
 
@@ -174,9 +176,10 @@ def test_on_a_busy_cluster_the_job_runs_again_before_a_waiting_job_starts(
     log = drill.wait_for(
         "the step to run again",
         120,
-        lambda: len((tl := drill.parse_train_log(out.read_text())).attempts) >= 2 and tl,
+        lambda: tl if len((tl := drill.parse_train_log(out.read_text())).attempts) >= 2 else None,
         interval=0.3,
     )
+    assert log is not None  # wait_for returns only what is truthy
     again_at = log.attempts[1].started_at
     other = slurm.job(waiting)
     assert other is not None
