@@ -28,6 +28,7 @@ from hyperpod_agent.localcluster import (
     procs,
     provisioned,
 )
+from hyperpod_agent.localcluster.render import SPARE_REASON
 from hyperpod_agent.localcluster.services import Services
 from hyperpod_agent.localcluster.shape import Shape
 
@@ -132,7 +133,6 @@ class LocalCluster:
     def up(self, timeout: float = 60.0, services: bool = False) -> bool:
         """Start the cluster (and, with ``services``, a controller and an agent per
         node); False if the same cluster already runs here."""
-        self._run(GOING_DOWN).unlink(missing_ok=True)  # an earlier down is over
         if self.running():
             current = LocalCluster.load(self.dir).shape
             if current != self.shape:
@@ -140,11 +140,14 @@ class LocalCluster:
                     f"a different local cluster runs in {self.dir} "
                     f"({current.nodes} nodes + {current.spares} spares); run down first"
                 )
+            with contextlib.suppress(PermissionError):  # a non-root caller only looks
+                self._run(GOING_DOWN).unlink(missing_ok=True)  # an earlier down is over
             self.wait_idle(self.nodes, timeout)
             if services and not self.has_services():
                 self.services.up()
             return False
         self.check_can_start()
+        self._run(GOING_DOWN).unlink(missing_ok=True)  # an earlier down is over
         self.stop_daemons()  # stale pids after a crash: clean whatever is left
         self.check_ports()
         files.write_files(self.shape)
@@ -158,6 +161,7 @@ class LocalCluster:
             namespaces.pin_host(self.dir / "run")
             self._start_munged()
             self._start_slurmctld()
+            self._drain_spares(timeout)
             for name in self.shape.all_names:
                 self.node_start(name)
             self.wait_idle(self.nodes, timeout)
@@ -181,6 +185,26 @@ class LocalCluster:
             "slurmctld.stdout",
         )
         procs.write_pidfile(self._run("slurmctld.pid"), pid)
+
+    def _drain_spares(self, timeout: float) -> None:
+        """The spares out of service as ``hyperpod:spare`` before any slurmd registers,
+        the way docs/manual-install.md declares them (scontrol, not slurm.conf)."""
+        from hyperpod_agent.errors import SlurmError
+        from hyperpod_agent.slurm.client import SlurmClient
+
+        slurm = SlurmClient(slurm_conf=self.slurm_conf, timeout=5)
+        deadline = time.monotonic() + timeout
+        for name in self.spares:
+            while True:
+                try:
+                    slurm.drain(name, SPARE_REASON)
+                    break
+                except SlurmError as exc:  # slurmctld still starting
+                    if time.monotonic() > deadline:
+                        raise LocalClusterError(
+                            f"{name}: could not drain it as a spare: {exc}"
+                        ) from None
+                    time.sleep(0.2)
 
     # ---------------------------------------------------------------- nodes
     def slurmd_pid(self, name: str) -> int | None:

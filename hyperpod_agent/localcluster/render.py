@@ -77,12 +77,11 @@ def slurm_conf(shape: Shape, ctl_host: str) -> str:
             f"EpilogSlurmctld={d}/site/epilog_ctld.sh",
             "JobSubmitPlugins=lua",
         ]
-    for name in shape.node_names:
+    # Spares too: LocalCluster.up drains them with scontrol before any slurmd registers,
+    # as docs/manual-install.md declares them. A State=DRAIN line here would be applied
+    # again by every reconfigure and slurmctld restart, to a spare in service as well.
+    for name in shape.all_names:
         lines.append(_node_line(shape, name, "UNKNOWN"))
-    for name in shape.spare_names:
-        # Spares are defined and running but kept out of service until the
-        # controller resumes one (the spare_pool provider).
-        lines.append(_node_line(shape, name, f'DRAIN Reason="{SPARE_REASON}"'))
     lines.append(
         f"PartitionName={PARTITION} Nodes={','.join(shape.all_names)} Default=YES "
         "MaxTime=INFINITE State=UP"

@@ -141,6 +141,33 @@ def test_down_racing_a_reboot_leaves_nothing_behind(tmp_path: Path) -> None:
     assert leftovers.leftovers(cluster.dir, "hp21017-") == []
 
 
+def test_a_spare_put_into_service_stays_there_across_a_slurmctld_restart(
+    tmp_path: Path,
+) -> None:
+    """Spares start drained as hyperpod:spare; one the controller resumed stays in
+    service when slurmctld restarts or reconfigures (the chaos campaign found a
+    restart draining it again, without a word, when slurm.conf declared spares)."""
+    from hyperpod_agent.slurm.client import SlurmClient
+
+    cluster = LocalCluster(tmp_path / "c", nodes=1, spares=1, port_base=21117)
+    try:
+        cluster.up(timeout=60)
+        slurm = SlurmClient(slurm_conf=cluster.slurm_conf, timeout=10)
+        spare = slurm.node("node2")
+        assert spare.drained and spare.reason == "hyperpod:spare", spare
+        slurm.resume("node2")  # as the spare-pool provider does
+        cluster.wait_idle(["node2"], timeout=30)
+        procs.stop([cluster.owned_pids()["slurmctld"]])
+        cluster._start_slurmctld()  # noqa: SLF001 - the restart under test
+        cluster.wait_idle(["node1", "node2"], timeout=60)
+        res = run(["scontrol", "reconfigure"], env=cluster.env)
+        assert res.returncode == 0, res.stderr
+        time.sleep(1)  # reconfigure applies slurm.conf at once; one more look after it
+        assert not slurm.node("node2").drained, slurm.node("node2")
+    finally:
+        cluster.down()
+
+
 def test_up_after_a_crash_handles_stale_pid_files(tmp_path: Path) -> None:
     cluster = LocalCluster(tmp_path / "c", nodes=1, spares=0, port_base=19917)
     try:
