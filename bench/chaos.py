@@ -199,8 +199,15 @@ class Campaign:
 
     # -- faults ------------------------------------------------------------------------
     def inject(self, injector: Injector, kind: str, heal: Heal) -> None:
-        in_service = [n for n in self.cluster.nodes if n not in self._admin_held()]
-        self.injections += injector.inject(kind, in_service, self._training(), heal)
+        self.injections += injector.inject(kind, self._in_service(), self._training(), heal)
+
+    def _in_service(self) -> list[str]:
+        """Nodes in service in the newest sweep (a spare put into service among them),
+        the admin's own left out: a fault on a node already out would test nothing."""
+        with self.lock:
+            last = max((n.t for n in self.nodes), default=None)
+            up = [n.node for n in self.nodes if n.t == last and not n.out]
+        return [n for n in (up or self.cluster.nodes) if n not in self._admin_held()]
 
     def _training(self) -> list[tuple[int, tuple[str, ...]]]:
         """Our training jobs RUNNING in the newest sweep, with their nodes."""
@@ -409,7 +416,7 @@ def beside_prediction(c: Campaign, outputs: dict[int, TrainOutput]) -> str:
         measured = measured_ettr(out)
         size, spares = len(c.cluster.nodes), len(c.cluster.spares)
         for strategy in (Strategy.STEP_RETRY, Strategy.REQUEUE):
-            got = predict(c.injections, c.jobs, job_id, out, size, spares, 5, strategy)
+            got = predict(c.injections, c.jobs, job_id, out, size, spares, 5, strategy, c.nodes)
             if got is None or measured is None:
                 lines.append(f"  job {job_id}: too few steps to tell")
                 break

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.chaos_evidence import Attempt, Injection, JobSample, TrainOutput
-from bench.chaos_predict import campaign_inputs, measured_ettr, predict, sim_faults
+from bench.chaos_evidence import Attempt, Injection, JobSample, NodeSample, TrainOutput
+from bench.chaos_predict import (
+    back_in_service,
+    campaign_inputs,
+    measured_ettr,
+    predict,
+    sim_faults,
+)
 
 
 def attempt(n: int, start: float, first: int, last: int, t0: float, step_s: float) -> Attempt:
@@ -53,3 +59,37 @@ def test_a_fault_costs_in_the_prediction_what_the_job_start_and_lost_steps_cost(
     assert got is not None and measured is not None
     assert got.faults == 1 and 0.5 < got.ettr < 0.99
     assert measured == pytest.approx(200 * 0.3 / (38.0 + 104 * 0.3 - 1.7), rel=1e-6)
+
+
+def test_a_node_out_of_service_or_idle_outside_the_job_takes_no_simulated_fault() -> None:
+    nodes = [
+        NodeSample(19.0, "node5", "IDLE", frozenset({"DRAIN"}), "hyperpod:spare"),
+        NodeSample(19.0, "node6", "IDLE", frozenset({"DRAIN"}), "hyperpod:reboot gpu3 xid79"),
+        NodeSample(19.0, "node7", "IDLE", frozenset(), ""),
+    ]
+    injections = [
+        Injection(20.0, "xid79", "node5"),  # pooled: a spare of the simulated pool
+        Injection(21.0, "xid79", "node6"),  # already out: nothing changes
+        Injection(22.0, "xid79", "node7"),  # idle, not the job's: no such simulated node
+    ]
+    faults = sim_faults(injections, JOBS, 7, 0.0, 4, 2, nodes)
+    assert [(f.at, f.node) for f in faults] == [(20.0, 4)]
+
+
+def test_reboots_are_timed_from_our_reason_to_the_node_back_in_service() -> None:
+    def n(t: float, reason: str, flags: frozenset[str] = frozenset({"DRAIN"})) -> NodeSample:
+        return NodeSample(t, "node2", "IDLE", flags, reason)
+
+    nodes = [
+        n(0.0, "", frozenset()),
+        n(2.0, "hyperpod:reboot gpu3 xid79"),
+        n(4.0, "hyperpod:reboot gpu3 xid79"),
+        n(6.0, "hyperpod:check reentry"),
+        n(8.0, "", frozenset()),
+        n(10.0, "hyperpod:reboot gpu3 xid79"),
+        n(13.0, "hyperpod:spare"),
+    ]
+    assert back_in_service(nodes) == [6.0, 3.0]
+    out = TrainOutput((attempt(1, 0.0, 1, 20, 2.0, 0.3),), 20)
+    assert campaign_inputs(out, nodes=nodes).reboot_s.samples == (6.0, 3.0)
+    assert campaign_inputs(out).reboot_s.median == pytest.approx(3.5)  # none seen
