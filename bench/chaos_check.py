@@ -81,7 +81,12 @@ def check_campaign(ev: Evidence, limits: Limits) -> list[Violation]:
         *blast_radius(ev.nodes, limits.max_out, ev.admin),
         *training_outputs(ev.outputs, limits.ckpt_every),
         *auto_resume_outcomes(
-            ev.jobs, ev.auto_resume_jobs, ev.events, limits.reason_kinds, limits.excused_jobs
+            ev.jobs,
+            ev.auto_resume_jobs,
+            ev.events,
+            limits.reason_kinds,
+            limits.excused_jobs,
+            ev.nodes,
         ),
         *left_behind(
             ev.jobs, ev.reservations, ev.nodes, ev.spares, ev.injections, ev.admin, limits.settle_s

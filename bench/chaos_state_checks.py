@@ -198,19 +198,29 @@ def auto_resume_outcomes(
     events: Sequence[Event],
     reason_kinds: Collection[str] = REASON_KINDS,
     excused: Collection[int] = (),
+    nodes: Sequence[NodeSample] = (),
 ) -> list[Violation]:
     """Every auto-resume job the driver submitted ends COMPLETED, or an event of a kind in
-    ``reason_kinds`` names it (``excused``: jobs the driver cancelled itself). The job ids
+    ``reason_kinds`` names it (``excused``: jobs the driver cancelled itself), or the
+    product's last word on it is that it waits for capacity (``requeue_waiting``) and
+    Slurm's last sweep agrees: fewer nodes in service than the job needs. The job ids
     come from the driver, not from the product's job_submit.lua."""
     found: list[Violation] = []
     add = adder(found, "auto_resume_outcome")
     final = final_jobs(jobs)
+    sweeps = node_sweeps(nodes)
+    in_service = sum(not n.out for n in sweeps[-1][1]) if sweeps else None
     for job in sorted(set(auto_resume_jobs) - set(excused)):
         last = final.get(job)
         if last is not None and last.state == "COMPLETED":
             continue
         if any(e.job_id == job and e.kind in reason_kinds for e in events):
             continue
+        said = [e for e in events if e.job_id == job]
+        waiting = bool(said) and max(said, key=lambda e: e.id).kind == "requeue_waiting"
+        if waiting and last is not None and in_service is not None:
+            if in_service < max(1, len(last.nodes)):
+                continue  # no capacity, as the product said
         if last is None:
             add(0.0, f"auto-resume job {job} never seen in Slurm")
             continue

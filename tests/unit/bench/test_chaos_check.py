@@ -445,6 +445,25 @@ def test_auto_resume_jobs_unexplained_are_caught() -> None:
     assert "never seen" in found[2].evidence
 
 
+def test_a_job_left_waiting_for_capacity_is_explained_only_if_slurm_agrees() -> None:
+    jobs = [job(50, 6, "FAILED", 1)]  # a 2-node job
+    waiting = [
+        event(1, 40, "requeue", job_id=6),
+        event(2, 45, "requeue_waiting", job_id=6, message="job 6 waits for capacity"),
+    ]
+    short = [node(60, "node1", "IDLE"), node(60, "node2", "IDLE+DRAIN", "hyperpod:reboot x")]
+    roomy = [node(60, "node1", "IDLE"), node(60, "node2", "IDLE")]
+    assert auto_resume_outcomes(jobs, {6}, waiting, nodes=short) == []
+    assert invariants(auto_resume_outcomes(jobs, {6}, waiting, nodes=roomy)) == [
+        "auto_resume_outcome"
+    ]
+    # the product's last word must be the wait: a later event says something else
+    later = [*waiting, event(3, 50, "drain", "node3", job_id=6)]
+    assert invariants(auto_resume_outcomes(jobs, {6}, later, nodes=short)) == [
+        "auto_resume_outcome"
+    ]
+
+
 # -- 5 left behind -------------------------------------------------------------------------
 def test_a_tidy_end_passes() -> None:
     jobs = [
