@@ -25,6 +25,7 @@ Exit status 1 when the checker found a violation; the last line replays the camp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -392,6 +393,7 @@ def judge(c: Campaign, args: argparse.Namespace) -> tuple[str, int]:
         spares=frozenset(cluster.spares),
     )
     limits = Limits(max_out=max_out, reconcile_interval_s=config.reconcile_interval_s, ckpt_every=5)
+    keep_evidence(cluster.dir / "evidence.json", evidence)
     violations = check_campaign(evidence, limits)
     report = summarize(
         c.injections,
@@ -407,6 +409,16 @@ def judge(c: Campaign, args: argparse.Namespace) -> tuple[str, int]:
     if c.one_job_steps:
         report += "\n" + beside_prediction(c, outputs)
     return report, len(violations)
+
+
+def keep_evidence(path: Path, evidence: Evidence) -> None:
+    """Everything the checker read, as JSON beside the cluster's logs: a campaign's
+    findings can be read again (and the checker run again) after the cluster is down."""
+    doc = dataclasses.asdict(evidence)
+    path.write_text(
+        json.dumps(doc, default=lambda o: sorted(o) if isinstance(o, frozenset) else str(o))
+    )
+    print(f"evidence: {path}", flush=True)
 
 
 def beside_prediction(c: Campaign, outputs: dict[int, TrainOutput]) -> str:
