@@ -49,6 +49,7 @@ SCRIPT = "train_ddp.sbatch"
 STEPS = 60
 STEP_TIME = 0.25  # s of extra compute per step: the fault lands mid-run
 PEER_PORT = 24960  # replica servers: PEER_PORT + index of the node in the step's list
+WARM_STEPS = 5  # the straggler drill slows a rank once both ranks ran this many steps
 
 
 @pytest.fixture
@@ -96,7 +97,7 @@ def submit(
 
 def seeded(what: str) -> tuple[int, random.Random, Path]:
     """The drill's seed (printed; TRAIN_DDP_DRILL_SEED replays it), its draws, a scratch dir."""
-    seed = int(os.environ.get("TRAIN_DDP_DRILL_SEED", random.SystemRandom().randrange(2**31)))
+    seed = int(os.environ.get("TRAIN_DDP_DRILL_SEED") or random.SystemRandom().randrange(2**31))
     print(f"{what} seed {seed} (TRAIN_DDP_DRILL_SEED={seed} replays it)")
     base = Path(os.environ.get("TMPDIR", "/var/tmp")) / f"hp-ddp-{time.time_ns()}"
     base.mkdir(mode=0o755)
@@ -354,10 +355,17 @@ def test_a_rank_slowed_to_60_percent_is_named_a_straggler_and_a_uniform_run_is_n
         cluster, base, seed, 29660, steps=500, step_time=0.02, peer_port=PEER_PORT + 10
     )
     try:
+        # Slowed mid-run, as a straggler is: from a step both ranks reached (a rank's
+        # record exists before its first step, while torch starts; the steps counted
+        # from there would include the start).
         drill.wait_for(
-            f"job {slow_id}'s ranks to record",
+            f"job {slow_id}'s ranks to reach step {WARM_STEPS}",
             120,
-            lambda: len(drill.rank_records(cluster, slow_id)) == 2,
+            lambda: (
+                (r := drill.rank_records(cluster, slow_id))
+                and len(r) == 2
+                and all(x.step >= WARM_STEPS for recs in r.values() for x in recs)
+            ),
         )
         records = drill.rank_records(cluster, slow_id)
         victim = rng.choice(sorted(records))
