@@ -25,52 +25,39 @@ Exit status 1 when the checker found a violation; the last line replays the camp
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import math
 import os
 import random
 import shutil
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.chaos_check import Evidence, Limits, check_campaign, summarize  # noqa: E402
 from bench.chaos_evidence import (  # noqa: E402
     AdminAction,
-    Event,
     Injection,
     JobSample,
     NodeSample,
     ProcessSample,
     ReservationSweep,
     StatusSample,
-    TrainOutput,
 )
 from bench.chaos_faults import FAULTS, Heal, Injector  # noqa: E402
-from bench.chaos_measure import recoveries, workload_goodput  # noqa: E402
+from bench.chaos_judge import HYPERPOD, judge, run  # noqa: E402
 from bench.chaos_parse import (  # noqa: E402
-    ctld_actions,
-    parse_ctld_log,
-    parse_events,
     parse_jobs,
     parse_nodes,
     parse_reservations,
-    parse_train_output,
     status_sample,
 )
-from bench.chaos_predict import measured_ettr, predict  # noqa: E402
 from hyperpod_agent.controller.config import load_config  # noqa: E402
 from hyperpod_agent.errors import HyperpodError  # noqa: E402
 from hyperpod_agent.localcluster import drill, ha  # noqa: E402
 from hyperpod_agent.localcluster.cluster import LocalCluster  # noqa: E402
-from hyperpod_agent.simulate.result import Strategy  # noqa: E402
 
 BASE = Path("/var/tmp/hyperpod-bench-chaos")
 PORT_BASE = 19617
@@ -78,22 +65,6 @@ SAMPLE_S = 2.0
 MAX_JOBS = 120  # the workload's bound, whatever the minutes
 RUNNING_JOBS = 3  # submitted while fewer are pending or running
 SETTLE_S = 240.0  # after the last fault: heal, let recoveries finish
-
-
-HYPERPOD = (sys.executable, "-m", "hyperpod_agent")
-
-
-def run(cluster: LocalCluster, *argv: str, timeout: float = 20.0) -> str:
-    """A command's output; its error said on stderr when it failed."""
-    env = {**cluster.env, "HYPERPOD_LOCAL_CLUSTER_DIR": str(cluster.dir)}
-    res = subprocess.run(
-        list(argv), capture_output=True, text=True, timeout=timeout, env=env, check=False
-    )
-    if res.returncode != 0:
-        print(
-            f"  {' '.join(argv[:4])}: rc {res.returncode}: {res.stderr.strip()[:300]}", flush=True
-        )
-    return res.stdout
 
 
 @dataclass
@@ -348,95 +319,6 @@ def _live_jobs(cluster: LocalCluster) -> bool:
 
 def _down(cluster: LocalCluster) -> list[str]:
     return [n for n in [*cluster.nodes, *cluster.spares] if cluster.slurmd_pid(n) is None]
-
-
-def read_events(cluster: LocalCluster, since: float) -> list[Event]:
-    """The product's event log since ``since``, page by page (the API gives 1000 at
-    most, oldest first; pages overlap by a timestamp and are joined by id)."""
-    found: dict[int, Event] = {}
-    after = since
-    for _ in range(100):  # bounded: 100,000 events
-        iso = datetime.fromtimestamp(after, UTC).isoformat()
-        text = run(cluster, *HYPERPOD, "events", "--since", iso, "--limit", "1000", "--json")
-        page = parse_events(text)
-        new = [e for e in page if e.id not in found]
-        found.update((e.id, e) for e in page)
-        if len(page) < 1000 or not new:
-            break
-        after = max(e.at for e in page)
-    return sorted(found.values(), key=lambda e: e.id)
-
-
-def judge(c: Campaign, args: argparse.Namespace) -> tuple[str, int]:
-    """The campaign's report, and how many violations it found."""
-    cluster = c.cluster
-    config = load_config(cluster.services.controller_config_path(cluster.services.controllers[0]))
-    size = len(cluster.nodes) + len(cluster.spares)
-    policy = config.policy
-    max_out = max(policy.min_unhealthy_nodes, math.floor(policy.max_unhealthy_fraction * size))
-    events = read_events(cluster, c.t0)
-    log = (cluster.dir / "log" / "slurmctld.log").read_text(errors="replace")
-    ctld = [a for a in ctld_actions(parse_ctld_log(log)) if a.t >= c.t0]
-    outputs = {j: parse_train_output(p.read_text()) for j, p in c.outputs.items() if p.exists()}
-    evidence = Evidence(
-        nodes=c.nodes,
-        jobs=c.jobs,
-        reservations=c.reservations,
-        ctld=ctld,
-        injections=c.injections,
-        admin=c.admin,
-        processes=c.processes,
-        events=events,
-        status=c.status,
-        outputs=outputs,
-        auto_resume_jobs=frozenset(c.auto_resume),
-        spares=frozenset(cluster.spares),
-    )
-    limits = Limits(max_out=max_out, reconcile_interval_s=config.reconcile_interval_s, ckpt_every=5)
-    keep_evidence(cluster.dir / "evidence.json", evidence)
-    violations = check_campaign(evidence, limits)
-    report = summarize(
-        c.injections,
-        recoveries(c.injections, c.jobs, outputs),
-        violations,
-        seed=args.seed,
-        minutes=args.minutes,
-        rate=args.rate,
-        goodput=workload_goodput(outputs),
-        command=".venv/bin/python bench/chaos.py"
-        + (" --workload one-job" if c.one_job_steps else ""),
-    )
-    if c.one_job_steps:
-        report += "\n" + beside_prediction(c, outputs)
-    return report, len(violations)
-
-
-def keep_evidence(path: Path, evidence: Evidence) -> None:
-    """Everything the checker read, as JSON beside the cluster's logs: a campaign's
-    findings can be read again (and the checker run again) after the cluster is down."""
-    doc = dataclasses.asdict(evidence)
-    path.write_text(
-        json.dumps(doc, default=lambda o: sorted(o) if isinstance(o, frozenset) else str(o))
-    )
-    print(f"evidence: {path}", flush=True)
-
-
-def beside_prediction(c: Campaign, outputs: dict[int, TrainOutput]) -> str:
-    """The one job's measured goodput beside the simulator's, for its faults."""
-    lines = ["", "the one job's goodput, measured and as the simulator predicts it:"]
-    for job_id, out in outputs.items():
-        measured = measured_ettr(out)
-        size, spares = len(c.cluster.nodes), len(c.cluster.spares)
-        for strategy in (Strategy.STEP_RETRY, Strategy.REQUEUE):
-            got = predict(c.injections, c.jobs, job_id, out, size, spares, 5, strategy, c.nodes)
-            if got is None or measured is None:
-                lines.append(f"  job {job_id}: too few steps to tell")
-                break
-            lines.append(
-                f"  job {job_id} {strategy.value:<11} predicted ETTR {got.ettr:.3f} "
-                f"({got.faults} node faults simulated); measured {measured:.3f}"
-            )
-    return "\n".join(lines)
 
 
 def main() -> int:
