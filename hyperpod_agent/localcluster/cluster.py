@@ -17,18 +17,16 @@ import shutil
 import signal
 import time
 from pathlib import Path
-from typing import IO
 
 from hyperpod_agent.errors import LocalClusterError
 from hyperpod_agent.localcluster import (
     daemons,
     files,
-    leftovers,
     namespaces,
     procs,
     provisioned,
+    teardown,
 )
-from hyperpod_agent.localcluster.render import SPARE_REASON
 from hyperpod_agent.localcluster.services import Services
 from hyperpod_agent.localcluster.shape import Shape
 
@@ -161,7 +159,7 @@ class LocalCluster:
             namespaces.pin_host(self.dir / "run")
             self._start_munged()
             self._start_slurmctld()
-            self._drain_spares(timeout)
+            daemons.drain_spares(self.slurm_conf, self.spares, timeout)
             for name in self.shape.all_names:
                 self.node_start(name)
             self.wait_idle(self.nodes, timeout)
@@ -186,26 +184,6 @@ class LocalCluster:
         )
         procs.write_pidfile(self._run("slurmctld.pid"), pid)
 
-    def _drain_spares(self, timeout: float) -> None:
-        """The spares out of service as ``hyperpod:spare`` before any slurmd registers,
-        the way docs/manual-install.md declares them (scontrol, not slurm.conf)."""
-        from hyperpod_agent.errors import SlurmError
-        from hyperpod_agent.slurm.client import SlurmClient
-
-        slurm = SlurmClient(slurm_conf=self.slurm_conf, timeout=5)
-        deadline = time.monotonic() + timeout
-        for name in self.spares:
-            while True:
-                try:
-                    slurm.drain(name, SPARE_REASON)
-                    break
-                except SlurmError as exc:  # slurmctld still starting
-                    if time.monotonic() > deadline:
-                        raise LocalClusterError(
-                            f"{name}: could not drain it as a spare: {exc}"
-                        ) from None
-                    time.sleep(0.2)
-
     # ---------------------------------------------------------------- nodes
     def slurmd_pid(self, name: str) -> int | None:
         return procs.read_pidfile(self._run(f"slurmd-{name}.pid"), "slurmd")
@@ -215,7 +193,7 @@ class LocalCluster:
         reboot under way to finish first (a start in its middle would spoil it)."""
         self._check_node(name)
         with open(self._run(f"reboot-{name}.lock"), "w") as lock:
-            if not _lock_within(lock, time.monotonic() + 30):
+            if not teardown.lock_within(lock, time.monotonic() + 30):
                 raise LocalClusterError(f"{name}: a reboot did not finish")
             self._refuse_if_going_down(name)
             return self._start_slurmd(name, fresh_boot=False)
@@ -364,37 +342,14 @@ class LocalCluster:
     # ---------------------------------------------------------------- down
     def owned_pids(self) -> dict[str, int]:
         """Every daemon of this cluster that is still alive, by name."""
-        found: dict[str, int] = {}
-        run = self.dir / "run"
-        for pidfile in sorted(run.glob("*.pid")) if run.exists() else []:
-            name = pidfile.stem
-            kind = "slurmd" if name.startswith("slurmd-") else name
-            pid = procs.read_pidfile(pidfile, None if kind.startswith("proc-") else kind)
-            if pid is not None:
-                found[name] = pid
-        return found
+        return teardown.owned_pids(self.dir / "run")
 
     def namespace_pids(self) -> list[int]:
         """Processes living in the namespaces our slurmd were started in."""
         return namespaces.node_pids(self.dir / "run")
 
     def stop_daemons(self) -> None:
-        """Stop exactly what we started: extra processes, slurmctld, slurmd,
-        what lives on in the nodes' namespaces, then munged."""
-        pids = self.owned_pids()
-        procs.stop([p for n, p in pids.items() if n.startswith("proc-")])
-        procs.stop([p for n, p in pids.items() if n == "slurmctld"])
-        procs.stop([p for n, p in pids.items() if n.startswith("slurmd-")])
-        for _ in range(3):
-            leftovers = [p for p in self.namespace_pids() if p != os.getpid()]
-            if not leftovers:
-                break
-            procs.stop(leftovers, timeout=1)
-        procs.stop([p for n, p in pids.items() if n == "munged"])
-        namespaces.unpin_all(self.dir / "run")
-        run = self.dir / "run"
-        for pidfile in run.glob("*.pid") if run.exists() else []:
-            pidfile.unlink(missing_ok=True)
+        teardown.stop_daemons(self.dir / "run")
 
     def down(self) -> list[str]:
         """Cancel jobs, then stop every process of the cluster; what is still there
@@ -404,27 +359,9 @@ class LocalCluster:
         if run.is_dir():
             self._run(GOING_DOWN).touch()
         with contextlib.ExitStack() as held:
-            self._hold_reboots(held)
+            teardown.hold_reboots(held, run, self.shape.all_names)
             self._stop_all()
-        # A process on its way out (the reboot command that just let go) may still
-        # name the directory for a moment: only what stays counts.
-        prefix = f"hp{self.shape.port_base}-"
-        deadline = time.monotonic() + 5.0
-        while (left := leftovers.leftovers(self.dir, prefix)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        return left
-
-    def _hold_reboots(
-        self, stack: contextlib.ExitStack[bool | None], timeout: float = 30.0
-    ) -> None:
-        """Wait (bounded) for the fake reboots under way and keep new ones out while
-        the daemons stop: a reboot that began before ``down`` finishes first, so the
-        slurmd it starts is among those stopped."""
-        deadline = time.monotonic() + timeout
-        for name in self.shape.all_names if (self.dir / "run").is_dir() else []:
-            lock = stack.enter_context(open(self._run(f"reboot-{name}.lock"), "w"))
-            if not _lock_within(lock, deadline):
-                log.warning("%s: a reboot still holds the node; stopping anyway", name)
+        return teardown.settled_leftovers(self.dir, f"hp{self.shape.port_base}-")
 
     def _stop_all(self) -> None:
         if self.running():
@@ -445,15 +382,3 @@ class LocalCluster:
         # The nodes' memory tiers are RAM (/dev/shm): give it back.
         shutil.rmtree(self.shape.memory_root, ignore_errors=True)
         shutil.rmtree(self.shape.progress_root, ignore_errors=True)
-
-
-def _lock_within(lock: IO[str], deadline: float) -> bool:
-    """Take ``lock`` (flock, exclusive) before ``deadline`` (monotonic); False if not."""
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.1)

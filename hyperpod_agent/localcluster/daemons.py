@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 from hyperpod_agent.errors import LocalClusterError
@@ -116,3 +117,26 @@ def log_tail(path: Path, lines: int = 3) -> str:
     except OSError:
         return f"(no log at {path})"
     return " | ".join(text[-lines:]) if text else f"({path} is empty)"
+
+
+def drain_spares(slurm_conf: Path, spares: list[str], timeout: float) -> None:
+    """The spares out of service as ``hyperpod:spare`` before any slurmd registers,
+    the way docs/manual-install.md declares them (scontrol, not slurm.conf: every
+    slurmctld restart and reconfigure would apply a State=DRAIN line again)."""
+    from hyperpod_agent.errors import SlurmError
+    from hyperpod_agent.localcluster.render import SPARE_REASON
+    from hyperpod_agent.slurm.client import SlurmClient
+
+    slurm = SlurmClient(slurm_conf=slurm_conf, timeout=5)
+    deadline = time.monotonic() + timeout
+    for name in spares:
+        while True:
+            try:
+                slurm.drain(name, SPARE_REASON)
+                break
+            except SlurmError as exc:  # slurmctld still starting
+                if time.monotonic() > deadline:
+                    raise LocalClusterError(
+                        f"{name}: could not drain it as a spare: {exc}"
+                    ) from None
+                time.sleep(0.2)
