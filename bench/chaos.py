@@ -100,7 +100,9 @@ class Campaign:
             alive = pid is not None and _alive(pid)
             claimed = None if gauge is None else gauge == 1.0
             procs.append(ProcessSample(t, name, pid or 0, alive, claimed))
-        status = self._status(t)
+        # the controllers whose gauge says they lead first: a dead one is not asked twice
+        ask = sorted(procs, key=lambda p: (not p.leader_claimed, not p.alive))
+        status = self._status(t, [p.controller_id for p in ask if p.alive])
         with self.lock:
             self.nodes += nodes
             self.jobs += jobs
@@ -109,12 +111,12 @@ class Campaign:
             if status is not None:
                 self.status.append(status)
 
-    def _status(self, t: float) -> StatusSample | None:
-        """The leader's own answer: each controller is asked in turn, a standby's
-        answer (its own last pass) skipped. None: no leader answered this time, the
-        checker sees the gap."""
+    def _status(self, t: float, names: list[str]) -> StatusSample | None:
+        """The leader's own answer: the live controllers asked in turn (the one
+        claiming to lead first), a standby's answer (its own last pass) skipped. None:
+        no leader answered this time, the checker sees the gap."""
         c = self.cluster
-        for name in c.services.controllers:
+        for name in names:
             text = run(c, *HYPERPOD, "status", "--json", "--url", c.services.url_of(name))
             try:
                 sample = status_sample(t, json.loads(text))
